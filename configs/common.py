@@ -1,0 +1,54 @@
+"""Pieces shared by the configs: the pipeline's defaults and arg parsing."""
+from __future__ import annotations
+
+import ml_collections
+
+# The detectors that need only logits/features of a classifier and fit in seconds; configs
+# extend this list (see fi_jax.detectors.names() for all).
+LOGIT_DETECTORS = ("msp", "maxlogit", "energy")
+
+
+def parse_arg(arg: str | None, **defaults):
+  """'k=v,k2=v2' -> ConfigDict over `defaults` (types follow the defaults; bare 'k' = True)."""
+  out = ml_collections.ConfigDict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    k, eq, v = item.partition("=")
+    if k not in defaults:
+      raise ValueError(f"Unknown config argument {k!r}; known: {sorted(defaults)}.")
+    d = defaults[k]
+    if not eq:
+      v = True
+    elif isinstance(d, bool):
+      if v.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"Config argument {k} expects a bool, got {v!r}.")
+      v = v.lower() in ("true", "1")
+    elif d is not None:
+      v = type(d)(v)
+    out[k] = v
+  return out
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Fields every config has; see README.md ("Configs") for what each means."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model_name = "vit"            # module under fi_jax/models/
+  c.model_label = ""              # name in the report rows (default: model_name)
+  c.model = ml_collections.ConfigDict()
+  c.model_init = ""               # checkpoint path ('' = random init / train)
+  c.model_load = ml_collections.ConfigDict()
+  c.init_shape = (1, 224, 224, 3)
+  c.train = ml_collections.ConfigDict()   # empty = no training (released checkpoints)
+  c.pp = "decode|resize_small(256)|central_crop(224)|value_range(-1, 1)"
+  c.batch_size = 256
+  c.id_name = "imagenet"
+  c.id_fit = ml_collections.ConfigDict()
+  c.id_test = ml_collections.ConfigDict()
+  c.ood = ml_collections.ConfigDict()
+  c.detectors = list(LOGIT_DETECTORS)
+  c.detector_preset = "ninco"     # 'ninco' | 'openood' | '' (paper defaults)
+  c.detector_hparams = ml_collections.ConfigDict()
+  c.metrics = ml_collections.ConfigDict(dict(tpr=0.95, n_bootstrap=0, per_group=True))
+  c.x64 = True
+  c.cache = True
+  return c

@@ -1,0 +1,199 @@
+"""Input pipeline: a set spec -> padded, per-process batches of numpy arrays.
+
+A *set spec* is a dict naming where the images of one evaluation set come from:
+
+  dict(source="digits", split="train" | "test", classes=[0, 1, ...])   # sklearn's bundled digits
+  dict(source="tfds", name="fi_imagenet_1k", split="ood", data_dir=None,
+       label_key="label", group_key="ood_class_id", per_class=None)
+
+Every example becomes ``{"image", "label", "group", "_id", "_mask"}``: `label` is the ID class
+(-1 where unknown or OOD), `group` an integer sub-class used for per-class (macro) metrics
+(-1 if none), `_id` the example's index in the set and `_mask` False on padding. Like
+big_vision's eval pipeline, every process reads its own contiguous part of the set and pads it
+to the same number of equal batches, so all processes run the same jitted steps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("NO_GCE_CHECK", "true")
+
+
+def _tf():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (lazy: TF costs ~6 s)
+  tf.config.set_visible_devices([], "GPU")  # TF must never take accelerator memory from JAX
+  return tf
+
+
+@dataclasses.dataclass
+class SetInfo:
+  """What the pipeline needs to know about one set before reading it."""
+  num_examples: int                      # whole set, all processes
+  num_examples_per_process: list[int]
+  num_classes: Optional[int] = None      # ID classes, when the source knows them
+
+
+# ----------------------------------------------------------------------------- digits (demo)
+
+def load_digits_split(split: str, classes, *, test_fraction: float = 0.3, seed: int = 0,
+                      id_classes=None) -> dict[str, np.ndarray]:
+  """sklearn's bundled 8x8 digits (no download), a seeded stratified train/test split.
+
+  Keeps the digits in `classes`; `label` is the index of the digit in `id_classes`
+  (default: `classes`) or -1 when it is not an ID class; `group` is the digit itself.
+  Images are float32 [N, 8, 8, 1] with values in [0, 16].
+  """
+  from sklearn import datasets as skd  # pylint: disable=g-import-not-at-top
+  if split not in ("train", "test", "all"):
+    raise ValueError(f"digits split must be 'train', 'test' or 'all', got {split!r}.")
+  digits = skd.load_digits()
+  x = digits.images.astype(np.float32)[..., None]
+  y = digits.target.astype(np.int64)
+  rng = np.random.default_rng(seed)
+  is_test = np.zeros(len(y), bool)
+  for c in range(10):   # stratified: the same fraction of every digit goes to test
+    idx = np.flatnonzero(y == c)
+    is_test[rng.permutation(idx)[:int(round(test_fraction * len(idx)))]] = True
+  keep = np.isin(y, list(classes))
+  if split != "all":
+    keep &= is_test if split == "test" else ~is_test
+  id_classes = list(classes if id_classes is None else id_classes)
+  lookup = {c: i for i, c in enumerate(id_classes)}
+  labels = np.array([lookup.get(int(c), -1) for c in y[keep]], np.int64)
+  return {"image": x[keep], "label": labels, "group": y[keep]}
+
+
+# ----------------------------------------------------------------------------- sources
+
+def _split_counts(n: int, count: int) -> list[int]:
+  """Sizes of `count` contiguous, near-equal parts of n examples (the first ones larger)."""
+  return [len(a) for a in np.array_split(np.arange(n), count)]
+
+
+def _array_source(arrays: dict[str, np.ndarray], process_index: int, process_count: int):
+  tf = _tf()
+  n = len(arrays["label"])
+  counts = _split_counts(n, process_count)
+  start = sum(counts[:process_index])
+  part = {k: v[start:start + counts[process_index]] for k, v in arrays.items()}
+  part["_id"] = np.arange(start, start + counts[process_index], dtype=np.int64)
+  info = SetInfo(n, counts)
+  return tf.data.Dataset.from_tensor_slices(part), info
+
+
+def _tfds_source(spec: dict, process_index: int, process_count: int):
+  tf = _tf()
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  name, split = spec["name"], spec.get("split", "test")
+  data_dir = spec.get("data_dir")
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except Exception as e:  # pylint: disable=broad-except
+    raise FileNotFoundError(
+        f"TFDS dataset {name!r} not found in data_dir={data_dir!r} ({type(e).__name__}: {e}). "
+        f"Build it first: python -m tfds_fi_imagenet build {name} --manual_dir=DIR "
+        f"--data_dir=DIR (or TFDS's own builder for standard datasets).") from None
+  if not builder.is_prepared():
+    raise FileNotFoundError(
+        f"TFDS dataset {name!r} is not prepared in {builder.data_dir}. Build it first: "
+        f"python -m tfds_fi_imagenet build {name} --manual_dir=DIR --data_dir=DIR.")
+  if split not in builder.info.splits:
+    raise ValueError(f"{name} has no split {split!r}; it has {sorted(builder.info.splits)}.")
+  parts = tfds.even_splits(split, n=process_count)
+  counts = [builder.info.splits[p].num_examples for p in parts]
+  label_key, group_key = spec.get("label_key", "label"), spec.get("group_key")
+  image_key = spec.get("image_key", "image")
+  features = builder.info.features
+  ds = builder.as_dataset(split=parts[process_index], shuffle_files=False,
+                          decoders={image_key: tfds.decode.SkipDecoding()},
+                          read_config=tfds.ReadConfig(interleave_cycle_length=1))
+  start = sum(counts[:process_index])
+  num_classes = None
+  if label_key and label_key in features and hasattr(features[label_key], "num_classes"):
+    num_classes = features[label_key].num_classes
+
+  def convert(i, ex):
+    return {
+        "image": ex[image_key],
+        "label": tf.cast(ex[label_key], tf.int64) if label_key and label_key in ex
+                 else tf.constant(-1, tf.int64),
+        "group": tf.cast(ex[group_key], tf.int64) if group_key and group_key in ex
+                 else tf.constant(-1, tf.int64),
+        "_id": tf.cast(i, tf.int64) + start,
+    }
+  ds = ds.enumerate().map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+  per_class = spec.get("per_class")
+  if per_class:
+    if not num_classes:
+      raise ValueError(f"per_class needs a ClassLabel {label_key!r} in {name}.")
+    # Keep the first `per_class` examples of each class seen by this process.
+    ds = ds.scan(tf.zeros([num_classes], tf.int64), lambda seen, ex: (
+        tf.tensor_scatter_nd_add(seen, [[ex["label"]]], [1]),
+        (ex, seen[ex["label"]] < per_class))).filter(lambda ex, k: k).map(lambda ex, k: ex)
+    counts = [min(c, per_class * num_classes) for c in counts]  # upper bound; padding absorbs it
+  return ds, SetInfo(sum(counts), counts, num_classes)
+
+
+def open_set(spec: dict, process_index: int = 0, process_count: int = 1):
+  """Returns (tf.data.Dataset of this process's unbatched examples, SetInfo)."""
+  spec = dict(spec)
+  source = spec.pop("source", None)
+  if source == "digits":
+    arrays = load_digits_split(spec.get("split", "test"), spec.get("classes", range(10)),
+                               test_fraction=spec.get("test_fraction", 0.3),
+                               seed=spec.get("seed", 0), id_classes=spec.get("id_classes"))
+    ds, info = _array_source(arrays, process_index, process_count)
+    info.num_classes = len(spec.get("id_classes") or spec.get("classes", range(10)))
+    return ds, info
+  if source == "tfds":
+    if "name" not in spec:
+      raise ValueError("A tfds set spec needs a 'name', e.g. dict(source='tfds', "
+                       "name='fi_imagenet_1k', split='ood').")
+    return _tfds_source(spec, process_index, process_count)
+  raise ValueError(f"Unknown set source {source!r}; use 'digits' or 'tfds'.")
+
+
+def batches(spec: dict, pp_fn: Callable[[dict], dict], global_batch_size: int, *,
+            process_index: int = 0, process_count: int = 1,
+            prefetch: int = 2) -> tuple[Iterator[dict[str, np.ndarray]], int, SetInfo]:
+  """Padded batches of this process's part of a set.
+
+  Returns (iterator of numpy dicts with a local batch of global_batch_size // process_count,
+  number of steps (the same on every process), SetInfo).
+  """
+  tf = _tf()
+  if global_batch_size % process_count:
+    raise ValueError(f"batch_size {global_batch_size} must be divisible by the number of "
+                     f"processes ({process_count}).")
+  local_bs = global_batch_size // process_count
+  ds, info = open_set(spec, process_index, process_count)
+  steps = max(1, math.ceil(max(info.num_examples_per_process) / local_bs))
+
+  def pp(ex):
+    out = pp_fn(dict(ex))
+    return {"image": tf.cast(out["image"], tf.float32), "label": ex["label"],
+            "group": ex["group"], "_id": ex["_id"], "_mask": tf.constant(True)}
+  ds = ds.map(pp, num_parallel_calls=tf.data.AUTOTUNE)
+  spec_ = ds.element_spec
+  if not spec_["image"].shape.is_fully_defined():
+    raise ValueError(f"Preprocessing must give fixed-size images (got {spec_['image'].shape}); "
+                     "end the pp string with a resize or central_crop.")
+  pad = tf.data.Dataset.from_tensors(
+      {k: tf.zeros(s.shape, s.dtype) for k, s in spec_.items()}).repeat()
+  ds = ds.concatenate(pad).batch(local_bs, drop_remainder=True).take(steps).prefetch(prefetch)
+  return ds.as_numpy_iterator(), steps, info
+
+
+def train_arrays(spec: dict) -> dict[str, Any]:
+  """The in-memory arrays of a digits spec (used by the demo trainer)."""
+  if spec.get("source") != "digits":
+    raise ValueError("Training from scratch is only supported on the in-memory digits source.")
+  return load_digits_split(spec.get("split", "train"), spec.get("classes", range(10)),
+                           test_fraction=spec.get("test_fraction", 0.3),
+                           seed=spec.get("seed", 0), id_classes=spec.get("id_classes"))

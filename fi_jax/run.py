@@ -1,0 +1,278 @@
+"""The one pipeline: sets -> extract -> detectors -> metrics -> report.
+
+`run(config, workdir)` is what `main.py` calls. Stages talk through plain arrays:
+  1. model: `fi_jax.models.<config.model_name>` builds `Model(**config.model)`, loads
+     `config.model_init` (or trains on `config.train`, the demo), and gives a predictor
+     images -> (logits, penultimate features) plus the classifier `Head`;
+  2. extract: every set (`id_fit`, `id_test`, each of `ood`) through the jitted, sharded
+     forward, cached per set under `<workdir>/cache` (see fi_jax/cache.py);
+  3. detectors: each configured detector is fitted on the ID fit set and scores the ID test
+     set and every OOD set;
+  4. metrics and report: one row per (model, detector, ID set, OOD set) in
+     results.json / results.csv / results.md.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fi_jax import cache, data, distributed, extract, report
+
+Log = Callable[[str], None]
+
+
+def _log_default(msg: str) -> None:
+  if jax.process_index() == 0:
+    print(msg, flush=True)
+
+
+def to_dict(config) -> dict:
+  return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+# ----------------------------------------------------------------------------- model
+
+def model_module(name: str):
+  """`fi_jax.models.<name>` (big_vision style: models are found by module name)."""
+  try:
+    return importlib.import_module(f"fi_jax.models.{name}")
+  except ModuleNotFoundError as e:
+    if e.name and e.name.startswith("fi_jax.models"):
+      raise ValueError(f"Unknown model_name {name!r}: no module fi_jax/models/{name}.py.") from None
+    raise
+
+
+def default_predictor(model, params, config):
+  """Classifier models: logits from the model, features = out['pre_logits'], its linear head."""
+  from fi_jax import detectors  # pylint: disable=g-import-not-at-top
+
+  def predict(p, images):
+    logits, out = model.apply({"params": p}, images)
+    return logits, out["pre_logits"]
+  if "head" not in params:
+    raise ValueError("The model has no classifier head ('head' params); set model.num_classes, "
+                     "or use a model family that provides a zero-shot head.")
+  head = detectors.Head(jnp.asarray(params["head"]["kernel"]), jnp.asarray(params["head"]["bias"]))
+  return predict, head
+
+
+def build_model(config, log: Log):
+  """Returns (predict_fn, params, head, model_meta)."""
+  mod = model_module(config.model_name)
+  model_cfg = to_dict(config.model)
+  model = mod.Model(**model_cfg)
+  init_shape = tuple(config.get("init_shape", (1, 224, 224, 3)))
+  params = jax.jit(lambda: model.init(jax.random.PRNGKey(config.seed),
+                                      jnp.zeros(init_shape, jnp.float32))["params"])()
+  meta: dict[str, Any] = {"model_name": config.model_name, "model": model_cfg}
+  if config.get("model_init"):
+    t = time.time()
+    params = mod.load(params, config.model_init, model_cfg, **to_dict(config.get("model_load", {})))
+    meta["model_init"] = config.model_init
+    log(f"Loaded {config.model_init} ({time.time() - t:.1f} s).")
+  if config.get("train"):
+    tcfg = to_dict(config.train)
+    arrays = data.train_arrays(to_dict(config.id_fit))
+    images = preprocess_arrays(config.pp, arrays["image"])
+    t = time.time()
+    log(f"Training {config.model_name} on {len(images)} ID images ({tcfg['steps']} steps).")
+    from fi_jax import train  # pylint: disable=g-import-not-at-top
+    params = train.train_classifier(model, params, images, arrays["label"], seed=config.seed,
+                                    log=log, **tcfg)
+    meta["train_seconds"] = round(time.time() - t, 2)
+  factory = getattr(mod, "predictor", None) or default_predictor
+  predict, head = factory(model, params, config)
+  return predict, params, head, meta
+
+
+def preprocess_arrays(pp: str, images: np.ndarray) -> np.ndarray:
+  """Applies a pp string to in-memory images (the trainer sees exactly what extraction sees)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from fi_jax import preprocess  # pylint: disable=g-import-not-at-top
+  fn = preprocess.get_preprocess_fn(pp)
+  ds = tf.data.Dataset.from_tensor_slices({"image": images}).map(fn).batch(4096)
+  return np.concatenate([b["image"] for b in ds.as_numpy_iterator()]).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- sets
+
+def set_specs(config) -> dict[str, dict]:
+  """{set name: spec} for the ID fit set, the ID test set and every OOD set."""
+  specs = {"id_fit": to_dict(config.id_fit), "id_test": to_dict(config.id_test)}
+  for name, spec in to_dict(config.ood).items():
+    specs[f"ood/{name}"] = spec
+  return specs
+
+
+def extract_sets(config, predict, params, workdir: str, log: Log,
+                 input_scorers: dict, model_meta: dict) -> dict[str, dict[str, np.ndarray]]:
+  from fi_jax import preprocess  # pylint: disable=g-import-not-at-top
+  mesh = distributed.data_mesh()
+  pp_fn = preprocess.get_preprocess_fn(config.pp)
+  model_key = cache.key_of(model_meta, config.pp, config.seed, to_dict(config.get("train") or {}))
+  root = os.path.join(workdir, "cache")
+  out = {}
+  for name, spec in set_specs(config).items():
+    scorers = {} if name == "id_fit" else input_scorers
+    path = cache.set_dir(root, model_key, name) + "-" + cache.key_of(spec, sorted(scorers))
+    cached = cache.load(path) if config.get("cache", True) else None
+    if cached is not None:
+      log(f"{name}: {len(cached['logits'])} examples from cache {path}")
+      out[name] = cached
+      continue
+    t = time.time()
+    it, steps, info = data.batches(spec, pp_fn, config.batch_size,
+                                   process_index=jax.process_index(),
+                                   process_count=jax.process_count())
+    log(f"{name}: {info.num_examples} examples, {steps} batches of {config.batch_size}")
+    arrays = extract.extract(predict, params, it, mesh, input_scorers=scorers, steps=steps,
+                             log=log)
+    if jax.process_index() == 0:
+      cache.save(path, arrays, {"set": name, "spec": spec, "seconds": time.time() - t})
+    out[name] = arrays
+    log(f"{name}: done in {time.time() - t:.1f} s")
+  return out
+
+
+# ----------------------------------------------------------------------------- detectors
+
+def build_detectors(config) -> dict[str, Any]:
+  from fi_jax import detectors  # pylint: disable=g-import-not-at-top
+  hparams = to_dict(config.get("detector_hparams", {}))
+  preset = config.get("detector_preset") or None
+  return {name: detectors.build(name, preset=preset, **hparams.get(name, {}))
+          for name in config.detectors}
+
+
+def input_scorers_for(dets: dict, predict) -> dict[str, Callable]:
+  """Detectors that need the images themselves (ODIN) score during extraction."""
+  scorers = {}
+  for name, det in dets.items():
+    if "inputs" in det.needs:
+      def scorer(p, images, det=det):
+        return det.score_inputs({}, lambda x: predict(p, x)[0], images)
+      scorers[name] = scorer
+  return scorers
+
+
+def outputs_of(arrays: dict[str, np.ndarray]):
+  from fi_jax import detectors  # pylint: disable=g-import-not-at-top
+  labels = arrays.get("label")
+  return detectors.Outputs(jnp.asarray(arrays["features"]), jnp.asarray(arrays["logits"]),
+                           None if labels is None else jnp.asarray(labels))
+
+
+def score_sets(dets: dict, sets: dict, head, log: Log) -> tuple[dict, dict]:
+  """{detector: {set name: scores}} and {detector: error text} for detectors that failed."""
+  fit = outputs_of(sets["id_fit"])
+  scores, errors = {}, {}
+  for name, det in dets.items():
+    t = time.time()
+    try:
+      if "inputs" in det.needs:
+        scores[name] = {s: np.asarray(a[f"score/{name}"]) for s, a in sets.items() if s != "id_fit"}
+      else:
+        state = det.fit(fit, head)
+        scores[name] = {s: np.asarray(det.score(state, outputs_of(a)))
+                        for s, a in sets.items() if s != "id_fit"}
+      log(f"  {name}: {time.time() - t:.2f} s")
+    except Exception as e:  # pylint: disable=broad-except  (one detector must not sink the run)
+      errors[name] = f"{type(e).__name__}: {e}"
+      log(f"  {name}: FAILED ({errors[name]})\n{traceback.format_exc(limit=3)}")
+  return scores, errors
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def compute_rows(config, scores: dict, sets: dict, model_label: str) -> list[dict]:
+  from fi_jax import metrics  # pylint: disable=g-import-not-at-top
+  mcfg = to_dict(config.get("metrics", {}))
+  id_name = config.get("id_name", "id")
+  rows = []
+  for det_name, per_set in scores.items():
+    id_scores = per_set["id_test"]
+    for set_name, ood_scores in per_set.items():
+      if not set_name.startswith("ood/"):
+        continue
+      groups = sets[set_name].get("group")
+      use_groups = mcfg.get("per_group", True) and groups is not None and (groups >= 0).any()
+      m = metrics.ood_metrics(jnp.asarray(id_scores), jnp.asarray(ood_scores),
+                              tpr=mcfg.get("tpr", 0.95),
+                              ood_groups=jnp.asarray(groups) if use_groups else None,
+                              n_bootstrap=mcfg.get("n_bootstrap", 0),
+                              seed=config.seed)
+      rows.append({"model": model_label, "detector": det_name, "id_set": id_name,
+                   "ood_set": set_name[len("ood/"):], **m})
+  return rows
+
+
+def id_accuracy(arrays: dict[str, np.ndarray]) -> Optional[float]:
+  from fi_jax import metrics  # pylint: disable=g-import-not-at-top
+  if "label" not in arrays or not (arrays["label"] >= 0).any():
+    return None
+  return float(metrics.classification_accuracy(jnp.asarray(arrays["logits"]),
+                                               jnp.asarray(arrays["label"])))
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def run(config, workdir: str, log: Log = _log_default) -> dict:
+  """Runs the whole benchmark described by `config`; writes and returns the results."""
+  t_start = time.time()
+  timings: dict[str, float] = {}
+  if config.get("x64", True):
+    jax.config.update("jax_enable_x64", True)
+  os.makedirs(workdir, exist_ok=True)
+
+  dets = build_detectors(config)   # fails fast on unknown detector names / hparams
+  t = time.time()
+  predict, params, head, model_meta = build_model(config, log)
+  timings["model"] = time.time() - t
+
+  t = time.time()
+  sets = extract_sets(config, predict, params, workdir, log, input_scorers_for(dets, predict),
+                      model_meta)
+  timings["extract"] = time.time() - t
+
+  t = time.time()
+  log(f"Detectors ({len(dets)}):")
+  scores, errors = score_sets(dets, sets, head, log)
+  timings["detectors"] = time.time() - t
+
+  t = time.time()
+  model_label = config.get("model_label") or config.model_name
+  rows = compute_rows(config, scores, sets, model_label)
+  timings["metrics"] = time.time() - t
+  timings["total"] = time.time() - t_start
+
+  results = {
+      "meta": {
+          "config": to_dict(config), "workdir": os.path.abspath(workdir),
+          "versions": report.versions(), "platform": platform.platform(),
+          "devices": [str(d) for d in jax.devices()], "process_count": jax.process_count(),
+          "set_sizes": {k: int(len(v["logits"])) for k, v in sets.items()},
+          "timings_s": {k: round(v, 3) for k, v in timings.items()},
+          "detector_errors": errors, **model_meta,
+      },
+      "id_accuracy": id_accuracy(sets["id_test"]),
+      "rows": rows,
+  }
+  if jax.process_index() == 0:
+    report.write(results, workdir)
+    log(report.table(results))
+    log(f"Wrote {os.path.join(workdir, 'results.json')} (+ .csv, .md) in {timings['total']:.1f} s.")
+  return results
+
+
+def load_results(workdir: str) -> dict:
+  with open(os.path.join(workdir, "results.json")) as f:
+    return json.load(f)
