@@ -49,7 +49,15 @@ def _main(argv):
   from fi_jax import distributed, run  # pylint: disable=g-import-not-at-top
   distributed.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
                          flags.FLAGS.process_id)
-  run.run(flags.FLAGS.config, flags.FLAGS.workdir)
+  try:
+    run.run(flags.FLAGS.config, flags.FLAGS.workdir)
+  except (ValueError, FileNotFoundError) as e:
+    # Bad input (unknown detector, missing checkpoint or dataset, ...): one clear line.
+    # Finished work is already in the workdir's cache. FI_JAX_TRACEBACK=1 shows the trace.
+    if os.environ.get("FI_JAX_TRACEBACK"):
+      raise
+    print(f"main.py: error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main():

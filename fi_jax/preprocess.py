@@ -56,9 +56,10 @@ def decode(channels: int = 3, precise: bool = False, key: str = "image") -> Op:
   tf = _tf()
 
   def op(data):
-    dct = "INTEGER_ACCURATE" if precise else ""
-    img = tf.io.decode_image(data[key], channels=channels, expand_animations=False,
-                             dct_method=dct)
+    if precise:  # JPEG only: the slower, exact inverse DCT
+      img = tf.io.decode_jpeg(data[key], channels=channels, dct_method="INTEGER_ACCURATE")
+    else:
+      img = tf.io.decode_image(data[key], channels=channels, expand_animations=False)
     img.set_shape([None, None, channels])
     return {**data, key: img}
   return op
