@@ -52,3 +52,31 @@ def base_config() -> ml_collections.ConfigDict:
   c.x64 = True
   c.cache = True
   return c
+
+
+# The OOD test sets fi_jax builds with tfds_fi_imagenet (see README "Datasets"), in report order.
+OOD_SETS = ("fi_imagenet_1k", "ninco", "ssb_hard", "inaturalist_ood", "openimage_o",
+            "textures_ood")
+
+
+def imagenet_sets(c: ml_collections.ConfigDict, *, data_dir: str = "", ood_sets=OOD_SETS,
+                  fit_split: str = "train", fit_per_class: int = 0) -> None:
+  """ID fit = imagenet2012 train (optionally `fit_per_class` images per class),
+  ID test = Fi-ImageNet-1k `id` (val minus its 655 OOD and 980 ambiguous images),
+  OOD = the Fi-ImageNet-1k `ood` split and the other ImageNet OOD sets."""
+  dd = data_dir
+  c.id_name = "fi_imagenet_1k/id"
+  c.id_fit = ml_collections.ConfigDict(dict(
+      source="tfds", name="imagenet2012", split=fit_split, data_dir=dd,
+      per_class=fit_per_class))
+  c.id_test = ml_collections.ConfigDict(dict(
+      source="tfds", name="fi_imagenet_1k", split="id", data_dir=dd))
+  specs = {}
+  for name in ood_sets:
+    if name == "fi_imagenet_1k":
+      specs[name] = dict(source="tfds", name=name, split="ood", data_dir=dd, label_key=None,
+                         group_key="ood_class_id")
+    else:
+      specs[name] = dict(source="tfds", name=name, split="test", data_dir=dd, label_key=None,
+                         group_key="label")
+  c.ood = ml_collections.ConfigDict(specs)

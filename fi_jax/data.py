@@ -91,7 +91,7 @@ def _tfds_source(spec: dict, process_index: int, process_count: int):
   tf = _tf()
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   name, split = spec["name"], spec.get("split", "test")
-  data_dir = spec.get("data_dir")
+  data_dir = spec.get("data_dir") or None   # "" in configs = TFDS default
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except Exception as e:  # pylint: disable=broad-except
