@@ -45,7 +45,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.id_fit = ml_collections.ConfigDict()
   c.id_test = ml_collections.ConfigDict()
   c.ood = ml_collections.ConfigDict()
-  c.detectors = list(LOGIT_DETECTORS)
+  c.detectors = tuple(LOGIT_DETECTORS)   # a tuple, so --config.detectors="('msp',)" works
   c.detector_preset = "ninco"     # 'ninco' | 'openood' | '' (paper defaults)
   c.detector_hparams = ml_collections.ConfigDict()
   c.metrics = ml_collections.ConfigDict(dict(tpr=0.95, n_bootstrap=0, per_group=True))

@@ -35,6 +35,6 @@ def get_config(arg=None):
   c.ood = ml_collections.ConfigDict({
       "digits_6-9": dict(source="digits", split="test", classes=OOD_DIGITS,
                          id_classes=ID_DIGITS)})
-  c.detectors = list(common.LOGIT_DETECTORS)
+  c.detectors = tuple(common.LOGIT_DETECTORS)
   c.metrics.n_bootstrap = 0 if arg.quick else 200
   return c

@@ -67,6 +67,7 @@ def default_predictor(model, params, config):
 
 def build_model(config, log: Log):
   """Returns (predict_fn, params, head, model_meta)."""
+  t0 = time.time()
   mod = model_module(config.model_name)
   model_cfg = to_dict(config.model)
   model = mod.Model(**model_cfg)
@@ -91,6 +92,7 @@ def build_model(config, log: Log):
     meta["train_seconds"] = round(time.time() - t, 2)
   factory = getattr(mod, "predictor", None) or default_predictor
   predict, head = factory(model, params, config)
+  meta["build_seconds"] = round(time.time() - t0, 2)
   return predict, params, head, meta
 
 
@@ -113,22 +115,44 @@ def set_specs(config) -> dict[str, dict]:
   return specs
 
 
-def extract_sets(config, predict, params, workdir: str, log: Log,
-                 input_scorers: dict, model_meta: dict) -> dict[str, dict[str, np.ndarray]]:
+def model_key(config) -> str:
+  """What determines the model's outputs: the cache key of everything extracted with it."""
+  return cache.key_of(config.model_name, to_dict(config.model), config.get("model_init", ""),
+                      to_dict(config.get("model_load", {})), to_dict(config.get("train") or {}),
+                      config.pp, config.seed, list(config.get("init_shape", ())))
+
+
+class LazyModel:
+  """Builds (loads or trains) the model only when something is not in the cache yet."""
+
+  def __init__(self, config, log: Log):
+    self.config, self.log, self._built = config, log, None
+
+  def get(self):
+    """(predict_fn, params, head, model_meta)."""
+    if self._built is None:
+      self._built = build_model(self.config, self.log)
+    return self._built
+
+
+def extract_sets(config, model: LazyModel, workdir: str, log: Log,
+                 input_scorers: Callable) -> dict[str, dict[str, np.ndarray]]:
+  """Features/logits of every set, from the cache or by running the model (then cached)."""
   from fi_jax import preprocess  # pylint: disable=g-import-not-at-top
   mesh = distributed.data_mesh()
   pp_fn = preprocess.get_preprocess_fn(config.pp)
-  model_key = cache.key_of(model_meta, config.pp, config.seed, to_dict(config.get("train") or {}))
   root = os.path.join(workdir, "cache")
   out = {}
   for name, spec in set_specs(config).items():
-    scorers = {} if name == "id_fit" else input_scorers
-    path = cache.set_dir(root, model_key, name) + "-" + cache.key_of(spec, sorted(scorers))
+    scorer_names = [] if name == "id_fit" else sorted(input_scorers(None))
+    path = cache.set_dir(root, model_key(config), name) + "-" + cache.key_of(spec, scorer_names)
     cached = cache.load(path) if config.get("cache", True) else None
     if cached is not None:
       log(f"{name}: {len(cached['logits'])} examples from cache {path}")
       out[name] = cached
       continue
+    predict, params, _, _ = model.get()
+    scorers = input_scorers(predict) if scorer_names else {}
     t = time.time()
     it, steps, info = data.batches(spec, pp_fn, config.batch_size,
                                    process_index=jax.process_index(),
@@ -143,6 +167,19 @@ def extract_sets(config, predict, params, workdir: str, log: Log,
   return out
 
 
+def cached_head(config, model: LazyModel, workdir: str):
+  """The classifier head (cached beside the features, so a rerun needs no model at all)."""
+  from fi_jax import detectors  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, "cache", model_key(config), "head")
+  arrays = cache.load(path) if config.get("cache", True) else None
+  if arrays is None:
+    head = model.get()[2]
+    arrays = {"w": np.asarray(head.w), "b": np.asarray(head.b)}
+    if jax.process_index() == 0:
+      cache.save(path, arrays, {"model_name": config.model_name})
+  return detectors.Head(jnp.asarray(arrays["w"]), jnp.asarray(arrays["b"]))
+
+
 # ----------------------------------------------------------------------------- detectors
 
 def build_detectors(config) -> dict[str, Any]:
@@ -153,15 +190,19 @@ def build_detectors(config) -> dict[str, Any]:
           for name in config.detectors}
 
 
-def input_scorers_for(dets: dict, predict) -> dict[str, Callable]:
-  """Detectors that need the images themselves (ODIN) score during extraction."""
-  scorers = {}
-  for name, det in dets.items():
-    if "inputs" in det.needs:
-      def scorer(p, images, det=det):
-        return det.score_inputs({}, lambda x: predict(p, x)[0], images)
-      scorers[name] = scorer
-  return scorers
+def input_scorers_for(dets: dict) -> Callable:
+  """Detectors that need the images themselves (ODIN) score during extraction.
+
+  Returns f(predict_fn) -> {name: scorer(params, images)}; f(None) names them only.
+  """
+  names_ = [n for n, d in dets.items() if "inputs" in d.needs]
+
+  def make(predict):
+    if predict is None:
+      return dict.fromkeys(names_)
+    return {n: (lambda p, images, det=dets[n]: det.score_inputs(
+        {}, lambda x: predict(p, x)[0], images)) for n in names_}
+  return make
 
 
 def outputs_of(arrays: dict[str, np.ndarray]):
@@ -234,14 +275,13 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
   os.makedirs(workdir, exist_ok=True)
 
   dets = build_detectors(config)   # fails fast on unknown detector names / hparams
+  model = LazyModel(config, log)
   t = time.time()
-  predict, params, head, model_meta = build_model(config, log)
-  timings["model"] = time.time() - t
-
-  t = time.time()
-  sets = extract_sets(config, predict, params, workdir, log, input_scorers_for(dets, predict),
-                      model_meta)
-  timings["extract"] = time.time() - t
+  sets = extract_sets(config, model, workdir, log, input_scorers_for(dets))
+  head = cached_head(config, model, workdir)
+  timings["extract"] = time.time() - t   # includes building the model, if needed
+  model_meta = model.get()[3] if model._built else {  # pylint: disable=protected-access
+      "model_name": config.model_name, "model": to_dict(config.model), "from_cache": True}
 
   t = time.time()
   log(f"Detectors ({len(dets)}):")

@@ -41,10 +41,10 @@ def test_demo_writes_all_reports(quick_run):
     assert r["n_ood"] == results["meta"]["set_sizes"]["ood/digits_6-9"]
     assert r["auroc_ci_low"] <= r["auroc"] <= r["auroc_ci_high"]
     assert "auroc_macro" in r         # the OOD digits are the groups
-  assert max(r["auroc"] for r in results["rows"]) > 0.7
+  assert max(r["auroc"] for r in results["rows"]) > 0.6   # a weak model still beats chance
   meta = results["meta"]
   assert meta["config"]["train"]["steps"] == 150 and "jax" in meta["versions"]
-  assert set(meta["timings_s"]) >= {"model", "extract", "detectors", "metrics", "total"}
+  assert set(meta["timings_s"]) >= {"extract", "detectors", "metrics", "total"}
   with open(os.path.join(workdir, "results.csv")) as f:
     lines = f.read().splitlines()
   assert lines[0].startswith("model,detector,id_set,ood_set,") and len(lines) == 1 + len(results["rows"])
@@ -61,6 +61,7 @@ def test_rerun_reuses_the_feature_cache(quick_run):
               f"--workdir={workdir}")
   assert res.returncode == 0, res.stderr[-3000:]
   assert res.stdout.count("from cache") == 3   # id_fit, id_test, ood
+  assert "Training" not in res.stdout          # nothing to extract: the model is not even built
 
 
 def test_dotted_override_reaches_the_pipeline(tmp_path):
