@@ -37,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model_init = ""               # checkpoint path ('' = random init / train)
   c.model_load = ml_collections.ConfigDict()
+  c.zero_shot = ml_collections.ConfigDict()   # two-tower models: tokenizer, templates, class names
   c.init_shape = (1, 224, 224, 3)
   c.train = ml_collections.ConfigDict()   # empty = no training (released checkpoints)
   c.pp = "decode|resize_small(256)|central_crop(224)|value_range(-1, 1)"

@@ -72,12 +72,17 @@ def build_model(config, log: Log):
   model_cfg = to_dict(config.model)
   model = mod.Model(**model_cfg)
   init_shape = tuple(config.get("init_shape", (1, 224, 224, 3)))
-  params = jax.jit(lambda: model.init(jax.random.PRNGKey(config.seed),
-                                      jnp.zeros(init_shape, jnp.float32))["params"])()
+  init = lambda: model.init(jax.random.PRNGKey(config.seed),
+                            jnp.zeros(init_shape, jnp.float32))["params"]
+  load_kw = to_dict(config.get("model_load", {}))
+  if config.get("model_init") and not config.get("train") and not load_kw.get("dont_load"):
+    params = jax.eval_shape(init)   # shapes only: every value comes from the checkpoint
+  else:
+    params = jax.jit(init)()
   meta: dict[str, Any] = {"model_name": config.model_name, "model": model_cfg}
   if config.get("model_init"):
     t = time.time()
-    params = mod.load(params, config.model_init, model_cfg, **to_dict(config.get("model_load", {})))
+    params = mod.load(params, config.model_init, model_cfg, **load_kw)
     meta["model_init"] = config.model_init
     log(f"Loaded {config.model_init} ({time.time() - t:.1f} s).")
   if config.get("train"):

@@ -1,0 +1,118 @@
+"""Model forward throughput: fi_jax (jit) vs the PyTorch reference, side by side.
+
+    .venv/bin/python bench/models.py [--batch 8] [--repeats 5] [--threads 2] [--only vit_b16]
+
+Each entry of `BENCHMARKS` is a function `(args) -> list of rows`; a row is
+dict(name, fi_jax_s, ref_s, batch, max_abs_diff). Both sides get the same weights (the
+reference's random init, converted by fi_jax's own loader from a safetensors file), the same
+inputs, the same batch and thread count; timings are the best of `repeats` warm calls, run
+alternately so that load on a shared machine hits both sides alike. To add a model, write a
+function like `vit_b16` and append it to `BENCHMARKS`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from typing import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+
+
+def torchvision_shim() -> None:
+  """PyPI torchvision is CUDA-linked; register its two op schemas so timm imports on CPU torch."""
+  import torch  # pylint: disable=g-import-not-at-top
+  try:
+    torch.ops.torchvision.nms  # pylint: disable=pointless-statement
+  except (AttributeError, RuntimeError):
+    lib = torch.library.Library("torchvision", "DEF")
+    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    torchvision_shim.lib = lib  # keep the registration alive
+
+
+def alternate(fns: dict[str, Callable[[], np.ndarray]], repeats: int) -> dict[str, float]:
+  """Median wall time of each warm fn over `repeats` rounds; the calling order flips every
+  round (ABBA...), so that load from other processes on a shared machine hits both alike."""
+  for fn in fns.values():  # warm-up (jit compile, allocator)
+    fn()
+  times = {k: [] for k in fns}
+  items = list(fns.items())
+  for r in range(repeats):
+    for k, fn in (items if r % 2 == 0 else items[::-1]):
+      t = time.perf_counter()
+      fn()
+      times[k].append(time.perf_counter() - t)
+  return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def vit_b16(args) -> list[dict]:
+  """ViT-B/16 @224 classifier (timm vit_base_patch16_224 structure, 1000 classes)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+  torchvision_shim()
+  from timm.models import vision_transformer as tv  # pylint: disable=g-import-not-at-top
+  from fi_jax.models import vit  # pylint: disable=g-import-not-at-top
+
+  torch.manual_seed(0)
+  ref = tv.VisionTransformer(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12,
+                             num_classes=1000).eval()
+  model = vit.Model(1000, variant="B/16", pool_type="tok", act="gelu_exact")
+  with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "model.safetensors")
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, path)
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 224, 224, 3)))["params"]
+    params = jax.device_put(vit.load(shapes, path))
+
+  x = np.random.default_rng(0).uniform(-1, 1, (args.batch, 224, 224, 3)).astype(np.float32)
+  xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
+  xj = jax.device_put(x)
+  fwd = jax.jit(lambda p, im: model.apply({"params": p}, im)[0])
+
+  def run_jax():
+    return np.asarray(jax.block_until_ready(fwd(params, xj)))
+
+  def run_torch():
+    with torch.inference_mode():
+      return ref(xt).numpy()
+
+  diff = float(np.max(np.abs(run_jax() - run_torch())))
+  best = alternate({"fi_jax": run_jax, "ref": run_torch}, args.repeats)
+  return [dict(name="ViT-B/16@224 fwd (timm)", fi_jax_s=best["fi_jax"], ref_s=best["ref"],
+               batch=args.batch, max_abs_diff=diff)]
+
+
+BENCHMARKS: list[Callable] = [vit_b16]
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--repeats", type=int, default=8)
+  parser.add_argument("--threads", type=int, default=2)
+  parser.add_argument("--only", default="", help="comma-separated benchmark function names")
+  args = parser.parse_args()
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(args.threads)
+  # XLA:CPU sizes its thread pool from the visible cores; pin both sides to the same count.
+  os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:args.threads]))
+  only = set(filter(None, args.only.split(",")))
+  print(f"{'model':<28} {'batch':>5} {'fi_jax img/s':>13} {'ref img/s':>10} {'ratio':>6} {'max|diff|':>10}")
+  for bench in BENCHMARKS:
+    if only and bench.__name__ not in only:
+      continue
+    for r in bench(args):
+      fj, rf = r["batch"] / r["fi_jax_s"], r["batch"] / r["ref_s"]
+      print(f"{r['name']:<28} {r['batch']:>5} {fj:>13.2f} {rf:>10.2f} {fj / rf:>5.2f}x "
+            f"{r['max_abs_diff']:>10.2e}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
