@@ -11,6 +11,7 @@ os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # silences TF's oneDNN banner; TF only preprocesses
 
 from absl import app  # noqa: E402
+from absl import logging  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -47,6 +48,7 @@ def _one_line(e: BaseException) -> str:
 
 def _main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)   # JAX's INFO lines (no TPU found, ...) are noise here
   from fi_jax import distributed, run  # pylint: disable=g-import-not-at-top
   distributed.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
                          flags.FLAGS.process_id)

@@ -41,6 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.init_shape = (1, 224, 224, 3)
   c.train = ml_collections.ConfigDict()   # empty = no training (released checkpoints)
   c.pp = "decode|resize_small(256)|central_crop(224)|value_range(-1, 1)"
+  c.input_std = (0.5, 0.5, 0.5)   # model-input std per [0, 1] pixel unit (ODIN's step size)
   c.batch_size = 256
   c.id_name = "imagenet"
   c.id_fit = ml_collections.ConfigDict()

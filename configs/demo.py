@@ -10,6 +10,7 @@ then the standard pipeline extracts features and logits, runs the detectors and 
 import ml_collections
 
 from configs import common
+from fi_jax import detectors
 
 ID_DIGITS = (0, 1, 2, 3, 4, 5)
 OOD_DIGITS = (6, 7, 8, 9)
@@ -28,6 +29,7 @@ def get_config(arg=None):
       steps=200 if arg.quick else 1500, batch_size=64, lr=1e-3, warmup_steps=50,
       augment_shift=1))
   c.pp = "value_range(-1, 1, 0, 16)"   # digits are in [0, 16]
+  c.input_std = (0.5,)                 # one channel; [0, 1] pixels span 2 units of the input
   c.batch_size = 128
   c.id_name = "digits_0-5"
   c.id_fit = ml_collections.ConfigDict(dict(source="digits", split="train", classes=ID_DIGITS))
@@ -35,6 +37,11 @@ def get_config(arg=None):
   c.ood = ml_collections.ConfigDict({
       "digits_6-9": dict(source="digits", split="test", classes=OOD_DIGITS,
                          id_classes=ID_DIGITS)})
-  c.detectors = tuple(common.LOGIT_DETECTORS)
+  # Every detector fi_jax has (ODIN included); quick keeps the logit ones for fast tests.
+  c.detectors = tuple(common.LOGIT_DETECTORS) if arg.quick else tuple(detectors.names())
+  # The demo's fit set has ~760 images: neighbour counts sized for it (the ImageNet presets use
+  # k=1000 / k=50 on 1.28M images); NNGuide keeps the whole fit set as its bank.
+  c.detector_hparams = ml_collections.ConfigDict(dict(
+      knn=dict(k=10), nnguide=dict(k=10, alpha=1.0)))
   c.metrics.n_bootstrap = 0 if arg.quick else 200
   return c

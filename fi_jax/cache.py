@@ -34,7 +34,12 @@ def load(path: str) -> Optional[dict[str, np.ndarray]]:
     return None
   with open(meta_file) as f:
     meta = json.load(f)
-  return {k: np.load(os.path.join(path, f"{k}.npy"), allow_pickle=False) for k in meta["arrays"]}
+  return {k: np.load(os.path.join(path, _file(k)), allow_pickle=False) for k in meta["arrays"]}
+
+
+def _file(key: str) -> str:
+  """Array keys may contain '/' (e.g. 'score/odin'); file names may not."""
+  return key.replace("/", "__") + ".npy"
 
 
 def save(path: str, arrays: dict[str, np.ndarray], meta: Optional[dict] = None) -> None:
@@ -44,7 +49,7 @@ def save(path: str, arrays: dict[str, np.ndarray], meta: Optional[dict] = None) 
   tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-")
   try:
     for k, v in arrays.items():
-      np.save(os.path.join(tmp, f"{k}.npy"), np.asarray(v), allow_pickle=False)
+      np.save(os.path.join(tmp, _file(k)), np.asarray(v), allow_pickle=False)
     with open(os.path.join(tmp, "meta.json"), "w") as f:
       json.dump({**(meta or {}), "arrays": sorted(arrays)}, f, indent=1, default=str)
     if os.path.exists(path):

@@ -195,10 +195,12 @@ def build_detectors(config) -> dict[str, Any]:
           for name in config.detectors}
 
 
-def input_scorers_for(dets: dict) -> Callable:
+def input_scorers_for(dets: dict, input_std) -> Callable:
   """Detectors that need the images themselves (ODIN) score during extraction.
 
   Returns f(predict_fn) -> {name: scorer(params, images)}; f(None) names them only.
+  `input_std` is the per-channel std of the model's input in [0, 1] pixel units (0.5 for
+  value_range(-1, 1)), so that ODIN's epsilon is a pixel-unit step.
   """
   names_ = [n for n, d in dets.items() if "inputs" in d.needs]
 
@@ -206,7 +208,7 @@ def input_scorers_for(dets: dict) -> Callable:
     if predict is None:
       return dict.fromkeys(names_)
     return {n: (lambda p, images, det=dets[n]: det.score_inputs(
-        {}, lambda x: predict(p, x)[0], images)) for n in names_}
+        {}, lambda x: predict(p, x)[0], images, input_std=input_std)) for n in names_}
   return make
 
 
@@ -282,7 +284,7 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
   dets = build_detectors(config)   # fails fast on unknown detector names / hparams
   model = LazyModel(config, log)
   t = time.time()
-  sets = extract_sets(config, model, workdir, log, input_scorers_for(dets))
+  sets = extract_sets(config, model, workdir, log, input_scorers_for(dets, tuple(config.get("input_std", (0.5, 0.5, 0.5)))))
   head = cached_head(config, model, workdir)
   timings["extract"] = time.time() - t   # includes building the model, if needed
   model_meta = model.get()[3] if model._built else {  # pylint: disable=protected-access

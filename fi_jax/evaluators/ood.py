@@ -41,6 +41,7 @@ class Evaluator:
                detectors: Sequence[str] = ("msp", "maxlogit", "energy"),
                detector_preset: Optional[str] = "ninco", detector_hparams: Optional[dict] = None,
                features_key: str = "pre_logits", head_path: str = "head", tpr: float = 0.95,
+               input_std: Sequence[float] = (0.5, 0.5, 0.5),
                metric_keys: Sequence[str] = ("auroc", "fpr95", "fpr95_ood_positive")):
     from fi_jax import detectors as det_lib  # pylint: disable=g-import-not-at-top
     self.predict_fn = predict_fn
@@ -54,6 +55,7 @@ class Evaluator:
                       for n in detectors}
     self.features_key, self.head_path = features_key, head_path
     self.tpr, self.metric_keys = tpr, tuple(metric_keys)
+    self.input_std = tuple(input_std)
 
   def _predict(self, train_state, images):
     logits, out = self.predict_fn(train_state, {"image": images})
@@ -74,7 +76,7 @@ class Evaluator:
         for dname, det in self.detectors.items():
           if "inputs" in det.needs:
             scorers[dname] = (lambda ts, x, det=det: det.score_inputs(
-                {}, lambda y: self._predict(ts, y)[0], x))
+                {}, lambda y: self._predict(ts, y)[0], x, input_std=self.input_std))
       it, steps, _ = data_lib.batches(spec, self.pp, self.batch_size,
                                       process_index=jax.process_index(),
                                       process_count=jax.process_count())
