@@ -8,6 +8,12 @@ import ml_collections
 LOGIT_DETECTORS = ("msp", "maxlogit", "energy")
 
 
+def posthoc_detectors(odin: bool = False) -> tuple[str, ...]:
+  """Every registered detector; ODIN (three passes through the network) only on request."""
+  from fi_jax import detectors  # pylint: disable=g-import-not-at-top
+  return tuple(n for n in detectors.names() if odin or n != "odin")
+
+
 def parse_arg(arg: str | None, **defaults):
   """'k=v,k2=v2' -> ConfigDict over `defaults` (types follow the defaults; bare 'k' = True)."""
   out = ml_collections.ConfigDict(defaults)
