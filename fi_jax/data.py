@@ -106,18 +106,32 @@ def _tfds_source(spec: dict, process_index: int, process_count: int):
         f"python -m tfds_fi_imagenet build {name} --manual_dir=DIR --data_dir=DIR.")
   if split not in builder.info.splits:
     raise ValueError(f"{name} has no split {split!r}; it has {sorted(builder.info.splits)}.")
-  parts = tfds.even_splits(split, n=process_count)
-  counts = [builder.info.splits[p].num_examples for p in parts]
   label_key, group_key = spec.get("label_key", "label"), spec.get("group_key")
   image_key = spec.get("image_key", "image")
   features = builder.info.features
-  ds = builder.as_dataset(split=parts[process_index], shuffle_files=False,
-                          decoders={image_key: tfds.decode.SkipDecoding()},
-                          read_config=tfds.ReadConfig(interleave_cycle_length=1))
-  start = sum(counts[:process_index])
   num_classes = None
   if label_key and label_key in features and hasattr(features[label_key], "num_classes"):
     num_classes = features[label_key].num_classes
+  read = dict(shuffle_files=False, decoders={image_key: tfds.decode.SkipDecoding()},
+              read_config=tfds.ReadConfig(interleave_cycle_length=1))
+  per_class = spec.get("per_class")
+  if per_class:
+    # The first `per_class` examples of each class in stored order (a fixed pseudo-random
+    # sample), chosen on the whole split so that it is n per class in total, then shared
+    # round-robin between the processes.
+    from tfds_fi_imagenet import subsets  # pylint: disable=g-import-not-at-top
+    if not num_classes:
+      raise ValueError(f"per_class needs a ClassLabel {label_key!r} in {name}.")
+    ds = subsets.per_class_subset(builder.as_dataset(split=split, **read), per_class,
+                                  num_classes, label_key=label_key)
+    ds = ds.enumerate().shard(process_count, process_index)
+    counts = subsets.per_class_subset_counts(per_class, num_classes, process_count)
+    start = 0
+  else:
+    parts = tfds.even_splits(split, n=process_count)
+    counts = [builder.info.splits[p].num_examples for p in parts]
+    ds = builder.as_dataset(split=parts[process_index], **read).enumerate()
+    start = sum(counts[:process_index])
 
   def convert(i, ex):
     return {
@@ -128,16 +142,7 @@ def _tfds_source(spec: dict, process_index: int, process_count: int):
                  else tf.constant(-1, tf.int64),
         "_id": tf.cast(i, tf.int64) + start,
     }
-  ds = ds.enumerate().map(convert, num_parallel_calls=tf.data.AUTOTUNE)
-  per_class = spec.get("per_class")
-  if per_class:
-    if not num_classes:
-      raise ValueError(f"per_class needs a ClassLabel {label_key!r} in {name}.")
-    # Keep the first `per_class` examples of each class seen by this process.
-    ds = ds.scan(tf.zeros([num_classes], tf.int64), lambda seen, ex: (
-        tf.tensor_scatter_nd_add(seen, [[ex["label"]]], [1]),
-        (ex, seen[ex["label"]] < per_class))).filter(lambda ex, k: k).map(lambda ex, k: ex)
-    counts = [min(c, per_class * num_classes) for c in counts]  # upper bound; padding absorbs it
+  ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
   return ds, SetInfo(sum(counts), counts, num_classes)
 
 
