@@ -77,9 +77,29 @@ def _jsonable(x: Any) -> Any:
   return x
 
 
+def write_per_class(rows: list[dict], workdir: str) -> None:
+  """One CSV per (detector, OOD set) with the metrics of every OOD class vs all ID images:
+  per_class/<ood set>/<detector>.csv (class ids as the dataset's `group` feature)."""
+  for r in rows:
+    table = r.get("per_class")
+    if not table:
+      continue
+    folder = os.path.join(workdir, "per_class", str(r["ood_set"]).replace("/", "_"))
+    os.makedirs(folder, exist_ok=True)
+    keys = ["group", "n_ood"] + sorted(k for k in table if k not in ("group", "n_ood"))
+    with open(os.path.join(folder, f"{r['detector']}.csv"), "w", newline="") as f:
+      w = csv.writer(f)
+      w.writerow(keys)
+      for i in range(len(table[keys[0]])):
+        w.writerow([_jsonable(table[k][i]) for k in keys])
+
+
 def write(results: dict, workdir: str) -> None:
-  """Writes results.json, results.csv and results.md into `workdir`."""
+  """Writes results.json, results.csv, results.md and per_class/ into `workdir`."""
   os.makedirs(workdir, exist_ok=True)
+  write_per_class(results["rows"], workdir)
+  results = {**results, "rows": [{k: v for k, v in r.items() if k != "per_class"}
+                                 for r in results["rows"]]}
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(_jsonable(results), f, indent=1)
   rows = results["rows"]

@@ -258,8 +258,13 @@ def compute_rows(config, scores: dict, sets: dict, model_label: str) -> list[dic
                               ood_groups=jnp.asarray(groups) if use_groups else None,
                               n_bootstrap=mcfg.get("n_bootstrap", 0),
                               seed=config.seed)
-      rows.append({"model": model_label, "detector": det_name, "id_set": id_name,
-                   "ood_set": set_name[len("ood/"):], **m})
+      row = {"model": model_label, "detector": det_name, "id_set": id_name,
+             "ood_set": set_name[len("ood/"):], **m}
+      if use_groups:   # the per-class breakdown (NINCO style), written by report.write
+        row["per_class"] = metrics.per_group_metrics(
+            jnp.asarray(id_scores), jnp.asarray(ood_scores), jnp.asarray(groups),
+            tpr=mcfg.get("tpr", 0.95))
+      rows.append(row)
   return rows
 
 

@@ -52,6 +52,9 @@ def test_demo_writes_all_reports(quick_run):
     md = f.read()
   assert "| model | detector | ID | OOD | AUROC |" in md and "ID accuracy" in md
   assert "| vit-mu-digits | energy | digits_0-5 | digits_6-9 |" in res.stdout   # table printed
+  with open(os.path.join(workdir, "per_class", "digits_6-9", "energy.csv")) as f:
+    per_class = f.read().splitlines()
+  assert per_class[0].startswith("group,n_ood,") and len(per_class) == 1 + 4   # digits 6-9
 
 
 def test_rerun_reuses_the_feature_cache(quick_run):

@@ -123,6 +123,36 @@ class LayerScale(nn.Module):
     return x * scale
 
 
+def heads_first_attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
+                          dropout_rng=None, dropout_rate=0., deterministic=True, dtype=None,
+                          precision=None, force_fp32_for_softmax=False):
+  """flax's dot_product_attention with the heads axis moved before the sequence axes.
+
+  Same math (query scaled by 1/sqrt(d) first, masked logits set to finfo.min); XLA:CPU runs
+  the [b, h, q, d] contractions about twice as fast as flax's [b, q, h, d] ones. Training with
+  attention dropout (or an additive bias) falls back to flax's function.
+  """
+  if bias is not None or (dropout_rate > 0. and not deterministic):
+    return nn.dot_product_attention(
+        query, key, value, bias=bias, mask=mask, broadcast_dropout=broadcast_dropout,
+        dropout_rng=dropout_rng, dropout_rate=dropout_rate, deterministic=deterministic,
+        dtype=dtype, precision=precision, force_fp32_for_softmax=force_fp32_for_softmax)
+  dtype = dtype or query.dtype
+  q = jnp.swapaxes(query, -3, -2) / jnp.sqrt(query.shape[-1]).astype(dtype)
+  k, v = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
+  logits = jnp.einsum("...hqd,...hkd->...hqk", q, k, precision=precision)
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+  if force_fp32_for_softmax:
+    logits = logits.astype(jnp.float32)
+  weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+  return jnp.swapaxes(jnp.einsum("...hqk,...hkd->...hqd", weights, v, precision=precision),
+                      -3, -2)
+
+
+_ATTENTION = {"flax": nn.dot_product_attention, "heads_first": heads_first_attention}
+
+
 class Encoder1DBlock(nn.Module):
   """Pre-LN transformer block: x + MHA(LN(x)); x + MLP(LN(x)) (optionally LayerScaled)."""
   mlp_dim: Optional[int] = None
@@ -132,6 +162,7 @@ class Encoder1DBlock(nn.Module):
   ln_eps: float = 1e-6
   layerscale: Optional[float] = None
   dtype_mm: str = "float32"
+  attention: str = "flax"    # or "heads_first" (same math, faster on XLA:CPU)
 
   @nn.compact
   def __call__(self, x, deterministic=True, mask=None):
@@ -139,7 +170,8 @@ class Encoder1DBlock(nn.Module):
     y = nn.LayerNorm(epsilon=self.ln_eps)(x)
     y = out["sa"] = nn.MultiHeadDotProductAttention(
         num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform(),
-        deterministic=deterministic, dtype=self.dtype_mm)(y, y, mask=mask)
+        deterministic=deterministic, dtype=self.dtype_mm,
+        attention_fn=_ATTENTION[self.attention])(y, y, mask=mask)
     if self.layerscale is not None:
       y = LayerScale(self.layerscale, name="LayerScale_0")(y)
     y = nn.Dropout(rate=self.dropout)(y, deterministic)
@@ -168,12 +200,14 @@ class Encoder(nn.Module):
   remat_policy: str = "nothing_saveable"
   final_norm: bool = True
   dtype_mm: str = "float32"
+  attention: str = "flax"
 
   @nn.compact
   def __call__(self, x, deterministic=True, mask=None):
     out = {}
     kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout, act=self.act,
-              ln_eps=self.ln_eps, layerscale=self.layerscale, dtype_mm=self.dtype_mm)
+              ln_eps=self.ln_eps, layerscale=self.layerscale, dtype_mm=self.dtype_mm,
+              attention=self.attention)
     if self.scan:
       block = nn.remat(Encoder1DBlock, prevent_cse=False, static_argnums=(2,),
                        policy=getattr(jax.checkpoint_policies, self.remat_policy, None))
