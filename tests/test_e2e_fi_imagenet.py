@@ -76,5 +76,7 @@ def test_pipeline_report_on_fake_fi_imagenet(fake_data_dir, tmp_path):
     assert r["ood_set"] == "fi_imagenet_1k" and r["n_id"] == 24 and r["n_ood"] == 10
     assert 0 <= r["auroc"] <= 1 and "auroc_macro" in r and r["n_ood_groups"] >= 1
   with open(os.path.join(tmp_path, "results.json")) as f:
-    assert json.load(f)["rows"] == json.loads(json.dumps(results["rows"]))
+    saved = json.load(f)["rows"]
+  assert [r["auroc"] for r in saved] == [r["auroc"] for r in results["rows"]]
+  assert os.path.exists(os.path.join(tmp_path, "per_class", "fi_imagenet_1k", "knn.csv"))
   assert os.path.exists(os.path.join(tmp_path, "results.md"))
