@@ -89,7 +89,44 @@ def vit_b16(args) -> list[dict]:
                batch=args.batch, max_abs_diff=diff)]
 
 
-BENCHMARKS: list[Callable] = [vit_b16]
+def clip_b16(args) -> list[dict]:
+  """CLIP ViT-B/16 @224 image tower (open_clip ViT-B-16-quickgelu structure, OpenAI's)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+  torchvision_shim()
+  import open_clip  # pylint: disable=g-import-not-at-top
+  from fi_jax.models import clip  # pylint: disable=g-import-not-at-top
+
+  torch.manual_seed(0)
+  ref = open_clip.create_model("ViT-B-16-quickgelu", pretrained=None).eval()
+  model = clip.Model("B/16", act="quick_gelu")
+  with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "open_clip_model.safetensors")
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, path)
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 224, 224, 3)))["params"]
+    params = jax.device_put(clip.load(shapes, path))
+
+  x = np.random.default_rng(0).normal(0, 1, (args.batch, 224, 224, 3)).astype(np.float32)
+  xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
+  xj = jax.device_put(x)
+  fwd = jax.jit(lambda p, im: model.apply({"params": p}, im)[2]["img/logits"])
+
+  def run_jax():
+    return np.asarray(jax.block_until_ready(fwd(params, xj)))
+
+  def run_torch():
+    with torch.inference_mode():
+      return ref.encode_image(xt).numpy()
+
+  diff = float(np.max(np.abs(run_jax() - run_torch())))
+  times = alternate({"fi_jax": run_jax, "ref": run_torch}, args.repeats)
+  return [dict(name="CLIP B/16@224 image tower", fi_jax_s=times["fi_jax"], ref_s=times["ref"],
+               batch=args.batch, max_abs_diff=diff)]
+
+
+BENCHMARKS: list[Callable] = [vit_b16, clip_b16]
 
 
 def main() -> None:

@@ -11,7 +11,8 @@ embeddings times exp(t)) it gives the logits (see `predictor`).
 
 Parameter tree (big_vision-like names):
   img/embedding/kernel (P,P,3,W)  img/cls (1,1,W)  img/pos_embedding (1,1+N,W)  img/ln_pre
-  img/Transformer/encoderblock_{i}/... (vit.Encoder1DBlock)  img/Transformer/encoder_norm (= ln_post)
+  img/Transformer/encoderblock_{i}/... (vit.Encoder1DBlock)
+  img/Transformer/encoder_norm (= ln_post)
   img/head/kernel (W,E) (= visual.proj)
   txt/Embed_0/embedding (V,Wt)  txt/pos_embedding (1,77,Wt)  txt/Encoder_0/encoderblock_{i}/...
   txt/Encoder_0/encoder_norm (= ln_final)  txt/head/kernel (Wt,E) (= text_projection)
@@ -68,12 +69,14 @@ CHECKPOINTS = {
     "openai-B/16": (dict(variant="B/16", act="quick_gelu"),
                     _HF.format("timm/vit_base_patch16_clip_224.openai"), OPENAI_PP.format(res=224)),
     "openai-L/14": (dict(variant="L/14", act="quick_gelu"),
-                    _HF.format("timm/vit_large_patch14_clip_224.openai"), OPENAI_PP.format(res=224)),
+                    _HF.format("timm/vit_large_patch14_clip_224.openai"),
+                    OPENAI_PP.format(res=224)),
     "openai-L/14@336": (dict(variant="L/14", act="quick_gelu", image_size=336),
                         _HF.format("timm/vit_large_patch14_clip_336.openai"),
                         OPENAI_PP.format(res=336)),
     "laion2b-B/16": (dict(variant="B/16", act="gelu_exact"),
-                     _HF.format("laion/CLIP-ViT-B-16-laion2B-s34B-b88K"), OPENAI_PP.format(res=224)),
+                     _HF.format("laion/CLIP-ViT-B-16-laion2B-s34B-b88K"),
+                     OPENAI_PP.format(res=224)),
     "laion2b-L/14": (dict(variant="L/14", act="gelu_exact"),
                      _HF.format("laion/CLIP-ViT-L-14-laion2B-s32B-b82K"),
                      INCEPTION_PP.format(res=224)),
@@ -256,7 +259,8 @@ def _clip_rules():
   """(regex, fn(match, value, heads) -> {flax path: array}) for OpenCLIP state-dict keys."""
   ln = {"weight": "scale", "bias": "bias"}
   return [
-      (r"visual\.conv1\.weight", lambda m, v, h: {"img/embedding/kernel": checkpoints.torch_conv(v)["kernel"]}),
+      (r"visual\.conv1\.weight",
+       lambda m, v, h: {"img/embedding/kernel": checkpoints.torch_conv(v)["kernel"]}),
       (r"visual\.class_embedding", lambda m, v, h: {"img/cls": v.reshape(1, 1, -1)}),
       (r"visual\.positional_embedding", lambda m, v, h: {"img/pos_embedding": v[None]}),
       (r"visual\.ln_pre\.(weight|bias)", lambda m, v, h: {f"img/ln_pre/{ln[m[1]]}": v}),

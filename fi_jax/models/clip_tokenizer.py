@@ -7,7 +7,8 @@ pools the EOT position via argmax over ids, so this layout matters.
 
 The vocabulary is OpenAI's `bpe_simple_vocab_16e6.txt.gz` (merge list, ~1.3 MB), which fi_jax
 does not ship: pass its path, or let `default_vocab_path` find the copy bundled with an
-installed `open_clip` package. Download: https://github.com/openai/CLIP/raw/main/clip/bpe_simple_vocab_16e6.txt.gz
+installed `open_clip` package. Download:
+https://github.com/openai/CLIP/raw/main/clip/bpe_simple_vocab_16e6.txt.gz
 
 Text cleaning follows open_clip's default ('lower'): `ftfy.fix_text` when ftfy is installed
 (it fixes mojibake, curly quotes, ligatures, full-width forms; without it only NFC

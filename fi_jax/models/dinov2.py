@@ -12,9 +12,10 @@ slot), then the register tokens after cls (no posemb), blocks, final norm.
 
 Position embeddings keep the checkpoint's grid (37 = 518/14; `posemb_grid` only sets it for a
 random init) and are interpolated to the input's patch grid per call with PyTorch's bicubic
-(numerically, see clip.bicubic_matrix), as DINOv2 does: models without registers use `interpolate_offset=0.1` (F.interpolate with scale_factor
-(g + 0.1) / 37) and no antialias; register models use the exact size with antialias. timm's
-DINOv2 port instead always resizes to the exact size with antialias: set
+(numerically, see clip.bicubic_matrix), as DINOv2 does: models without registers use
+`interpolate_offset=0.1` (F.interpolate with scale_factor (g + 0.1) / 37) and no antialias;
+register models use the exact size with antialias. timm's DINOv2 port instead always resizes
+to the exact size with antialias: set
 `interpolate_offset=0.0, interpolate_antialias=True` to match timm features.
 
 `load` reads the official state dicts (`dinov2_vit{s,b,l,g}14[_reg4]_pretrain.pth`) or timm's

@@ -1,0 +1,298 @@
+"""Benchmark: the whole fi_jax.detectors suite (both presets) vs numpy / scikit-learn / faiss-cpu.
+
+    python bench/detectors.py                 # 100k x 768 fit features, 1000 classes, 50k test
+    python bench/detectors.py --scale 0.1     # 10k fit / 5k test (same D and C)
+
+Synthetic class-clustered non-negative features and a linear head. For every detector and
+preset ('ninco', 'openood') it times fi_jax fit + score (wall clock, compilation included,
+float64 under x64 like the pipeline) and an independent vectorised numpy / scikit-learn
+reference of the same formula (KNN / NNGuide: faiss-cpu exact IndexFlatL2 / IndexFlatIP on the
+same bank and k), and prints times, the ratio reference / fi_jax and the max relative error.
+ODIN is not in the suite (it needs a model and images). TempScale and ReAct keep their
+defaults (at most max_rows = 50,000 seeded fit rows); their references use the same rows.
+Targets: KNN >= 1.0x faiss-cpu; suite total <= 3x one faiss-cpu exact search on the bank.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+import faiss  # noqa: E402
+import scipy.optimize  # noqa: E402
+import scipy.special  # noqa: E402
+from sklearn.covariance import EmpiricalCovariance  # noqa: E402
+
+from fi_jax import detectors  # noqa: E402
+from fi_jax.detectors import stats  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- data
+
+def make_data(n_fit, n_test, d, c, seed=0):
+  rng = np.random.default_rng(seed)
+  mu = rng.normal(size=(c, d)).astype(np.float32)
+  w = (mu.T / np.linalg.norm(mu, axis=1) * 4.0
+       + 0.05 * rng.normal(size=(d, c))).astype(np.float32)
+  b = (0.1 * rng.normal(size=c)).astype(np.float32)
+  y = rng.integers(0, c, n_fit + n_test).astype(np.int32)
+  h = np.empty((n_fit + n_test, d), np.float32)
+  for i in range(0, len(y), 20000):          # in slices: bounded temporaries
+    sl = slice(i, i + 20000)
+    h[sl] = np.abs(0.6 * mu[y[sl]] + rng.normal(size=(len(y[sl]), d)).astype(np.float32))
+  z = (h @ w + b).astype(np.float32)
+  fit = detectors.Outputs(h[:n_fit], z[:n_fit], y[:n_fit])
+  test = detectors.Outputs(h[n_fit:], z[n_fit:], y[n_fit:])
+  return fit, test, detectors.Head(w, b)
+
+
+# ----------------------------------------------------------------------------- references
+
+def _lse(z):
+  return scipy.special.logsumexp(z, axis=1)
+
+
+def _log_msp(z):
+  return z.max(1) - _lse(z)
+
+
+def _norm(x):
+  x = np.asarray(x, np.float32)
+  return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _class_means(h, y, c):
+  cnt = np.bincount(y, minlength=c).astype(np.float64)
+  s = np.zeros((c, h.shape[1]))
+  np.add.at(s, y, h)
+  return s / np.maximum(cnt, 1)[:, None], cnt > 0
+
+
+def _maha_min(ht, means, valid, prec):
+  a = ht @ prec
+  d = (a * ht).sum(1)[:, None] - 2 * a @ means.T + ((means @ prec) * means).sum(1)[None]
+  return np.where(valid[None], d, np.inf).min(1)
+
+
+def _ash(h, pct, mode):
+  n = h.shape[1]
+  k = n - int(np.round(n * pct / 100.0))
+  idx = np.argpartition(-h, k - 1, axis=1)[:, :k]
+  kept = np.take_along_axis(h, idx, 1)
+  s1, s2 = h.sum(1), kept.sum(1)
+  out = np.zeros_like(h)
+  if mode == "p":
+    np.put_along_axis(out, idx, kept, 1)
+  elif mode == "b":
+    np.put_along_axis(out, idx, np.repeat((s1 / k)[:, None], k, 1), 1)
+  elif mode == "s":
+    np.put_along_axis(out, idx, kept * np.exp(s1 / s2)[:, None], 1)
+  else:
+    out = h * np.exp(s1 / s2)[:, None]
+  return out
+
+
+def _sample_rows(fit, hp):
+  """The fit rows fi_jax's TempScale / ReAct use: all, or its seeded max_rows subset."""
+  smp = stats.RowSample(hp["max_rows"], hp["seed"], ())
+  for start, chunk in stats.chunks(fit):
+    smp.add(start, chunk)
+  return smp.result()["rows"]
+
+
+def reference(name, hp, fit, test, head):
+  """Scores of an independent numpy / sklearn / faiss implementation (float64 unless noted)."""
+  hf, zf, yf = (np.asarray(fit.features, np.float64), np.asarray(fit.logits, np.float64),
+                np.asarray(fit.labels))
+  ht, zt = np.asarray(test.features, np.float64), np.asarray(test.logits, np.float64)
+  w, b = np.asarray(head.w, np.float64), np.asarray(head.b, np.float64)
+  c = w.shape[1]
+  energy_of = lambda h: _lse(h @ w + b)
+  if name == "msp":
+    return _log_msp(zt)
+  if name == "maxlogit":
+    return zt.max(1)
+  if name == "energy":
+    return hp["temperature"] * _lse(zt / hp["temperature"])
+  if name == "tempscale":
+    rows = _sample_rows(fit, hp)
+    zf, yf = zf[rows], yf[rows]
+    nll = lambda t: np.mean(_lse(zf / t) - zf[np.arange(len(yf)), yf] / t)
+    t = scipy.optimize.minimize_scalar(nll, bounds=(hp["t_min"], hp["t_max"]), method="bounded",
+                                       options={"xatol": 1e-8}).x
+    return _log_msp(zt / t)
+  if name == "gen":
+    p = np.exp(zt - _lse(zt)[:, None])
+    top = -np.sort(-p, axis=1)[:, :hp["top_m"]]
+    return -np.sum(top ** hp["gamma"] * (1 - top) ** hp["gamma"], 1)
+  if name == "klm":
+    pf = np.exp(zf - _lse(zf)[:, None])
+    pred = zf.argmax(1)
+    d, ok = _class_means(pf, pred, c)
+    d[~ok] = np.eye(c)[~ok]
+    if hp["variant"] == "openood":
+      d = d / d.sum(1, keepdims=True)
+    p = np.exp(zt - _lse(zt)[:, None])
+    with np.errstate(divide="ignore"):
+      logd = np.log(d)
+    zero = d <= 0
+    kl = (np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0).sum(1)[:, None]
+          - p @ np.where(zero, 0, logd).T)
+    kl = np.where(p @ zero.T.astype(float) > 0, np.inf, kl)
+    return -kl.min(1)
+  if name == "react":
+    clip = np.percentile(np.asarray(fit.features)[_sample_rows(fit, hp)].reshape(-1),
+                         hp["percentile"])
+    return energy_of(np.minimum(ht, clip))
+  if name in ("ash_p", "ash_b", "ash_s", "scale"):
+    return energy_of(_ash(ht, hp["percentile"], {"ash_p": "p", "ash_b": "b", "ash_s": "s",
+                                                 "scale": "scale"}[name]))
+  if name == "dice":
+    contrib = w * hf.mean(0)[:, None]
+    wm = np.where(contrib > np.percentile(contrib, hp["percentile"]), w, 0)
+    return _lse(ht @ wm + b)
+  if name in ("mds", "rmds"):
+    means, valid = _class_means(hf, yf, c)
+    prec = EmpiricalCovariance(assume_centered=True).fit(hf - means[yf]).precision_
+    s = -_maha_min(ht, means, valid, prec)
+    if name == "rmds":
+      bg = EmpiricalCovariance(assume_centered=False).fit(hf)
+      s = s + bg.mahalanobis(ht)
+    return s
+  if name in ("vim", "residual"):
+    dim = hp["dim"] if hp["dim"] is not None else detectors.distance.vim_dim(hf.shape[1])
+    u = -np.linalg.pinv(w.T) @ b
+    cov = EmpiricalCovariance(assume_centered=True).fit(hf - u).covariance_
+    lam, vec = np.linalg.eigh(cov)
+    ns = vec[:, np.argsort(lam)[::-1][dim:]]
+    res = np.linalg.norm((ht - u) @ ns, axis=1)
+    if name == "residual":
+      return -res
+    alpha = zf.max(1).mean() / np.linalg.norm((hf - u) @ ns, axis=1).mean()
+    return _lse(zt) - alpha * res
+  if name == "knn":
+    index = faiss.IndexFlatL2(hf.shape[1])
+    index.add(_norm(fit.features))
+    dist, _ = index.search(_norm(test.features), hp["k"])
+    return -dist[:, -1].astype(np.float64)
+  if name == "nnguide":
+    keep = np.concatenate([stats.bernoulli_mask(hp["seed"], s, len(ch.features), hp["alpha"])
+                           for s, ch in stats.chunks(fit)])
+    guides = (_norm(fit.features[keep]) * _lse(zf[keep])[:, None]).astype(np.float32)
+    index = faiss.IndexFlatIP(hf.shape[1])
+    index.add(guides)
+    sims, _ = index.search(_norm(test.features), min(hp["k"], len(guides)))
+    return _lse(zt) * sims.astype(np.float64).mean(1)
+  if name == "fdbd":
+    sq = (w * w).sum(0)
+    dist = np.sqrt(np.maximum(sq[:, None] + sq[None] - 2 * w.T @ w, 0))
+    np.fill_diagonal(dist, 1.0)
+    pred = zt.argmax(1)
+    num = ((zt.max(1)[:, None] - zt) / dist[pred]).sum(1)
+    den = ht - hf.mean(0) if hp["distance_as_normalizer"] else ht
+    return num / np.linalg.norm(den, axis=1)
+  if name == "nci":
+    cc = ht - hf.mean(0)
+    wy = w.T[zt.argmax(1)]
+    return (wy * cc).sum(1) / np.linalg.norm(cc, axis=1) + hp["alpha"] * np.abs(ht).sum(1)
+  if name == "gradnorm":
+    p = np.exp(zt - _lse(zt)[:, None])
+    return np.abs(ht).sum(1) * np.abs(c * p - 1).sum(1)
+  if name in ("cosine", "relative_cosine"):
+    means, valid = _class_means(hf, yf, c)
+    cos = _norm(ht).astype(np.float64) @ (means / np.linalg.norm(means, axis=1, keepdims=True)).T
+    if name == "cosine":
+      return np.where(valid[None], cos, -np.inf).max(1)
+    return _log_msp(np.where(valid[None], cos / hp["temperature"], -np.inf))
+  if name == "she":
+    pred = zf.argmax(1)
+    ok = pred == yf
+    pats, valid = _class_means(hf[ok], yf[ok], c)
+    yhat = np.where(valid[None], zt, -np.inf).argmax(1)
+    return (ht * pats[yhat]).sum(1)
+  if name == "mcm":
+    t = w / np.linalg.norm(w, axis=0, keepdims=True)
+    return _log_msp(_norm(ht).astype(np.float64) @ t / hp["temperature"])
+  raise ValueError(f"no reference for {name}")
+
+
+# ----------------------------------------------------------------------------- timing
+
+def timed(fn):
+  t = time.perf_counter()
+  out = fn()
+  jax.block_until_ready(out)
+  return out, time.perf_counter() - t
+
+
+def rel_err(a, r):
+  a, r = np.asarray(a, np.float64), np.asarray(r, np.float64)
+  ok = np.isfinite(r)
+  return float(np.abs(a[ok] - r[ok]).max() / max(np.abs(r[ok]).max(), 1e-30))
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--scale", type=float, default=1.0, help="fraction of 100k fit / 50k test rows")
+  ap.add_argument("--dim", type=int, default=768)
+  ap.add_argument("--classes", type=int, default=1000)
+  ap.add_argument("--detectors", default="", help="comma-separated subset (default: all)")
+  ap.add_argument("--no-reference", action="store_true", help="time fi_jax only")
+  args = ap.parse_args()
+  n_fit, n_test = int(100_000 * args.scale), int(50_000 * args.scale)
+  t0 = time.perf_counter()
+  fit, test, head = make_data(n_fit, n_test, args.dim, args.classes)
+  print(f"data: fit {fit.features.shape}, test {test.features.shape}, C={args.classes} "
+        f"({time.perf_counter() - t0:.1f} s); jax {jax.__version__} on {jax.devices()[0].platform}"
+        f" x{jax.device_count()}, faiss {faiss.__version__} ({faiss.omp_get_max_threads()} threads)")
+
+  names = [n for n in (args.detectors.split(",") if args.detectors else detectors.names())
+           if n != "odin"]
+  rows, ref_cache, total = [], {}, 0.0
+  faiss_times = {}
+  print(f"\n{'detector':16s} {'preset':8s} {'fit s':>8s} {'score s':>8s} {'fi_jax s':>9s} "
+        f"{'ref s':>8s} {'ref/fi':>7s} {'max rel err':>11s}")
+  for name in names:
+    for preset in ("ninco", "openood"):
+      det = detectors.build(name, preset=preset)
+      state, t_fit = timed(lambda: det.fit(fit, head))
+      scores, t_score = timed(lambda: det.score(state, test))
+      t_ours = t_fit + t_score
+      total += t_ours
+      key = (name, tuple(sorted(det.hparams.items())))
+      if args.no_reference:
+        ref, t_ref = None, float("nan")
+      elif key in ref_cache:
+        ref, t_ref = ref_cache[key]
+      else:
+        ref, t_ref = timed(lambda: reference(name, det.hparams, fit, test, head))
+        ref_cache[key] = (ref, t_ref)
+        if name == "knn":
+          faiss_times[det.hparams["k"]] = t_ref
+      err = rel_err(scores, ref) if ref is not None else float("nan")
+      rows.append((name, preset, t_fit, t_score, t_ours, t_ref, err))
+      print(f"{name:16s} {preset:8s} {t_fit:8.2f} {t_score:8.2f} {t_ours:9.2f} {t_ref:8.2f} "
+            f"{t_ref / t_ours:7.2f} {err:11.2e}", flush=True)
+
+  print(f"\nsuite total (every detector, both presets, fit + score, compile included): "
+        f"{total:.1f} s")
+  for k, t_f in sorted(faiss_times.items()):
+    ours = [r[4] for r in rows if r[0] == "knn" and detectors.build(
+        "knn", preset=r[1]).hparams["k"] == k][0]
+    print(f"KNN k={k}: fi_jax {ours:.1f} s (fit + score) vs faiss-cpu exact search {t_f:.1f} s "
+          f"(IndexFlatL2 add + search): {t_f / ours:.2f}x faiss [target >= 1.0x]")
+    print(f"suite / one faiss search (k={k}): {total / t_f:.2f} [target <= 3]")
+  print(f"wall time of the whole bench: {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+  main()
