@@ -44,7 +44,7 @@ def val_file_name(val_id: int) -> str:
 
 
 def val_id_of_member(name: str) -> Optional[int]:
-  """The 1-based id of a val tar / folder image ILSVRC2012_val_XXXXXXXX.JPEG, else None.
+  """The 1-based id of a val tar / folder image ILSVRC2012_val_<8 digits>.JPEG, else None.
 
   Other files (e.g. bounding-box XMLs next to the images) are ignored.
 
@@ -74,7 +74,7 @@ def parse_list(path: epath.PathLike, with_class: bool) -> list[ListEntry]:
   """Parses a Fi-ImageNet-1k list file.
 
   Every non-blank line that is not a `#` comment must contain one
-  `ILSVRC2012_val_XXXXXXXX` (bare name, path or CSV/TSV row); a first line without one is
+  `ILSVRC2012_val_<8 digits>` (bare name, path or CSV/TSV row); a first line without one is
   a header and skipped. With `with_class`, the OOD class is everything after the first
   comma or tab that follows the image name (spaces and commas allowed, surrounding quotes
   removed, whitespace collapsed); no separator or nothing after it = no class.
@@ -96,7 +96,7 @@ def parse_list(path: epath.PathLike, with_class: bool) -> list[ListEntry]:
       if not seen_content:  # header row
         seen_content = True
         continue
-      raise ValueError(f"{path.name} line {no}: no ILSVRC2012_val_XXXXXXXX image name in "
+      raise ValueError(f"{path.name} line {no}: no ILSVRC2012_val_<8 digits> image name in "
                        f"{raw!r}.")
     seen_content = True
     ids = {m.group(1) for m in matches}

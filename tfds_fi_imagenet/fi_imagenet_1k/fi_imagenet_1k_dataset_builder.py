@@ -29,7 +29,7 @@ class Builder(common.OodBuilder):
   MANUAL_DOWNLOAD_INSTRUCTIONS = f"""\
   The manual dir must hold:
     * the ImageNet-1k validation images: `{VAL_TAR}` (from image-net.org), or the folder
-      `{VAL_DIR}/` with the extracted `ILSVRC2012_val_XXXXXXXX.JPEG` files (sub-folders ok);
+      `{VAL_DIR}/` with the extracted `ILSVRC2012_val_<8 digits>.JPEG` files (sub-folders ok);
     * `{OOD_LIST}`: one OOD image per line, `<image>,<OOD class name>` (comma or tab; the
       image may be a bare name, a path or the first CSV column; the class may be missing);
     * `{AMBIGUOUS_LIST}`: one ambiguous image per line.
@@ -52,7 +52,7 @@ class Builder(common.OodBuilder):
             label=tfds.features.ClassLabel(names_file=imagenet_val.label_names_file())),
         supervised_keys=("image", "label"),
         homepage="https://arxiv.org/abs/2609.01027",
-        disable_shuffling=True,  # stored in ILSVRC2012_val_XXXXXXXX order
+        disable_shuffling=True,  # stored in ILSVRC2012_val_<8 digits> order
         metadata=tfds.core.MetadataDict(),
     )
 
