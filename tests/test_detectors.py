@@ -612,3 +612,48 @@ def test_knn_sharded_over_8_devices_equals_single(nonneg, tmp_path):
                    ("nnguide", dict(k=5, alpha=0.5))):
     single = fit_score(name, fit, test, None, **hp)
     np.testing.assert_allclose(got[f"{name}{hp['k']}"], single, rtol=1e-6, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- shared suite
+
+def test_shared_scope_gives_identical_scores_and_does_shared_work_once(nonneg, monkeypatch):
+  """Inside detectors.shared(): every detector x preset scores exactly as it does alone, the
+  class moments are computed in fewer passes, and KNN at k=1000 and k=50 runs one search."""
+  fit, test, head = nonneg
+  runs = [(n, p) for n in detectors.names() if n != "odin" for p in detectors.PRESETS]
+  small = lambda r: {"dim": 16} if r[0] in ("vim", "residual") and r[1] == "openood" else {}
+  alone = {r: fit_score(r[0], fit, test, head, preset=r[1], **small(r)) for r in runs}
+
+  calls = {"moments": 0, "topk": 0}
+  real_moments, real_topk = stats._moments, knn_lib.knn_topk
+
+  def count(kind, fn):
+    def wrapped(*a, **kw):
+      calls[kind] += 1
+      return fn(*a, **kw)
+    return wrapped
+  monkeypatch.setattr(stats, "_moments", count("moments", real_moments))
+  monkeypatch.setattr(knn_lib, "knn_topk", count("topk", real_topk))
+
+  dets = {r: detectors.build(r[0], preset=r[1], **small(r)) for r in runs}
+  with detectors.shared(dets.values()) as scope:
+    together = {r: np.asarray(d.score(d.fit(fit, head), test)) for r, d in dets.items()}
+    assert scope.hits > 0
+  for r in runs:
+    np.testing.assert_array_equal(together[r], alone[r], err_msg=str(r))
+  # KNN (both k) one search, NNGuide (identical presets) one search
+  assert calls["topk"] == 2
+  # label+scatter (MDS/RMDS, also serving cosine, fDBD, NCI, DICE), correct (SHE),
+  # scatter about u (ViM / Residual)
+  assert calls["moments"] == 3
+  assert not detectors.shared_active()
+
+
+def test_shared_scope_knn_smaller_k_first_recomputes(nonneg):
+  fit, test, _ = nonneg
+  small, large = detectors.build("knn", k=5), detectors.build("knn", k=40)
+  with detectors.shared():
+    s_small = np.asarray(small.score(small.fit(fit), test))
+    s_large = np.asarray(large.score(large.fit(fit), test))
+  np.testing.assert_array_equal(s_small, fit_score("knn", fit, test, None, k=5))
+  np.testing.assert_array_equal(s_large, fit_score("knn", fit, test, None, k=40))

@@ -14,6 +14,10 @@ Families: logit.py (msp, maxlogit, energy, tempscale, gen, klm), activation.py (
 ash_b, ash_s, scale, dice), distance.py (mds, rmds, residual, vim, she, cosine,
 relative_cosine, fdbd, nci), knn.py (knn, nnguide), gradient.py (odin, gradnorm),
 zero_shot.py (mcm); stats.py holds the streaming statistics every fit uses.
+
+A suite: `with detectors.shared(dets): ...` makes detectors that repeat work on the same
+arrays do it once (class moments, KNN's search for every k, identical preset pairs); the
+scores are identical to unshared calls (shared.py).
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import activation, distance, gradient, knn, logit, zero_shot
+from fi_jax.detectors.shared import active as shared_active
+from fi_jax.detectors.shared import shared
 from fi_jax.detectors.core import Detector, Head, Outputs
 
 PRESETS = ("ninco", "openood")
@@ -115,4 +121,4 @@ def load_state(path: str) -> dict:
 
 
 __all__ = ["Detector", "Head", "Outputs", "PRESETS", "REGISTRY", "build", "hparams_of",
-           "load_state", "names", "save_state"]
+           "load_state", "names", "save_state", "shared", "shared_active"]

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.detectors import stats
+from fi_jax.detectors import shared, stats
 from fi_jax.detectors.core import Detector, cdtype, fc, head_logits, head_state, require
 
 
@@ -40,12 +40,16 @@ class ReAct(Detector):
     require(int(hp["max_rows"]) >= 1, "react: max_rows must be >= 1.")
 
   def _fit(self, train, head):
-    sample = stats.RowSample(self.hparams["max_rows"], self.hparams["seed"], ("features",))
-    for start, chunk in stats.chunks(train):
-      require(chunk.features is not None, "react needs fit Outputs with features.")
-      sample.add(start, chunk)
-    feats = sample.result()["features"]
-    clip = np.percentile(feats.reshape(-1), self.hparams["percentile"])
+    def sample_rows():
+      sample = stats.RowSample(self.hparams["max_rows"], self.hparams["seed"], ("features",))
+      for start, chunk in stats.chunks(train):
+        require(chunk.features is not None, "react needs fit Outputs with features.")
+        sample.add(start, chunk)
+      return sample.result()["features"].reshape(-1)
+    # the same rows for every percentile: shared inside detectors.shared()
+    feats = shared.memo((train,), ("react_rows", self.hparams["max_rows"], self.hparams["seed"]),
+                        sample_rows)
+    clip = np.percentile(feats, self.hparams["percentile"])
     return {**head_state(head), "clip": jnp.asarray(clip, jnp.float32)}
 
   def _score(self, state, features, logits):

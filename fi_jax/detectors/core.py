@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fi_jax.detectors import shared
+
 HIGHEST = jax.lax.Precision.HIGHEST
 NEEDS = frozenset({"features", "logits", "labels", "head", "inputs"})
 
@@ -108,6 +110,10 @@ class Detector(abc.ABC):
   defaults: ClassVar[dict] = {}
   presets: ClassVar[dict] = {}
   fit_needs: ClassVar[frozenset] = frozenset()   # what `fit` reads from the fit set
+  # for sharing fits inside `detectors.shared()`: hyper-parameters that do not change the fit,
+  # and the class whose fit this one equals (None: its own)
+  score_only: ClassVar[frozenset] = frozenset()
+  fit_family: ClassVar[Optional[type]] = None
 
   _jit_cache: ClassVar[dict] = {}
 
@@ -116,6 +122,7 @@ class Detector(abc.ABC):
     self.validate(self.hparams)
     # detectors of one class with equal hyper-parameters share one jitted (compiled) score
     key = (type(self), tuple(sorted(self.hparams.items())))
+    self._hp_key = key[1]
     try:
       hash(key)
     except TypeError:
@@ -139,8 +146,10 @@ class Detector(abc.ABC):
     if "head" in self.needs:
       check_head(head, self.name)
     if not self.fit_needs:
-      return self._fit(None, head)
-    return self._fit(train, head)
+      train = None
+    fit_hp = tuple(sorted((k, v) for k, v in self.hparams.items() if k not in self.score_only))
+    return shared.memo((train, head), ("fit", self.fit_family or type(self), fit_hp),
+                       lambda: self._fit(train, head))
 
   def _fit(self, train, head) -> dict:
     del train, head
@@ -150,8 +159,10 @@ class Detector(abc.ABC):
   def score(self, state: dict, outputs: Outputs) -> jax.Array:
     """Scores [N] (higher = more ID), float64 when x64 is on."""
     check_outputs(outputs, self.needs - {"labels", "head", "inputs"}, self.name)
-    return self._score_jit(state, outputs.features if "features" in self.needs else None,
-                           outputs.logits if "logits" in self.needs else None)
+    return shared.memo(
+        (state, outputs), ("score", type(self), self._hp_key),
+        lambda: self._score_jit(state, outputs.features if "features" in self.needs else None,
+                                outputs.logits if "logits" in self.needs else None))
 
   @abc.abstractmethod
   def _score(self, state, features, logits):

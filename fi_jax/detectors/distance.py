@@ -203,6 +203,7 @@ class RelativeCosine(Cosine):
   returned as its log (float64). T = 1."""
   name = "relative_cosine"
   defaults = {"temperature": 1.0}
+  fit_family, score_only = Cosine, frozenset({"temperature"})
 
   @classmethod
   def validate(cls, hp):

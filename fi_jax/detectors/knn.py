@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +27,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fi_jax.detectors import stats
+from fi_jax.detectors import shared, stats
 from fi_jax.detectors.core import (HIGHEST, Detector, check_outputs, energy, fc, l2_normalize,
                                    require)
 
@@ -148,6 +149,7 @@ def _guides(h, logits):
 class _BankDetector(Detector):
   """Shared blockwise top-k scoring against state['bank']."""
   defaults = {"query_block": 1024, "bank_block": 131072}
+  score_only = frozenset({"k", "query_block", "bank_block"})
 
   @classmethod
   def validate(cls, hp):
@@ -162,16 +164,32 @@ class _BankDetector(Detector):
       logging.warning("%s: k=%d > bank size %d; using k=%d.", self.name, self.hparams["k"], n, n)
     return min(int(self.hparams["k"]), n)
 
-  def topk(self, state, queries) -> jax.Array:
+  def topk(self, state, queries, k: Optional[int] = None) -> jax.Array:
+    """Exact top-k similarities [N, k] (descending) of the normalised queries."""
     bank, mesh = _bank_for_scoring(state["bank"])
-    return knn_topk(queries, bank, state["n"], k=self._k(state),
+    return knn_topk(queries, bank, state["n"], k=k or self._k(state),
                     query_block=int(self.hparams["query_block"]),
                     bank_block=int(self.hparams["bank_block"]), mesh=mesh)
 
+  def _features_topk(self, state, features) -> jax.Array:
+    """topk of the features' normalised rows. Inside `detectors.shared()` one search with the
+    largest k announced for this detector (`shared(detectors=...)`) serves every smaller k on
+    the same bank and features: its leading columns (the top-k values are sorted)."""
+    k = self._k(state)
+    hit = shared.lookup((state["bank"], features), (),
+                        lambda extra, v: extra[0] == "topk" and v.shape[1] >= k)
+    if hit is None:
+      k_all = min(max({k} | set(shared.ks(self.name))), int(state["n"]))
+      hit = self.topk(state, _normalize32(features), k_all)
+      shared.store((state["bank"], features), ("topk",), hit)
+    return hit[:, :k]
+
   def score(self, state, outputs):
     check_outputs(outputs, self.needs - {"labels", "head", "inputs"}, self.name)
-    return self._score_jit(state, self.topk(state, _normalize32(outputs.features)),
-                           outputs.logits if "logits" in self.needs else None)
+    return shared.memo(
+        (state, outputs), ("score", type(self), self._hp_key),
+        lambda: self._score_jit(state, self._features_topk(state, outputs.features),
+                                outputs.logits if "logits" in self.needs else None))
 
 
 class KNN(_BankDetector):

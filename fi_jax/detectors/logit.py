@@ -52,7 +52,7 @@ def _fit_beta(z, y, beta_lo, beta_hi, max_iters: int = 100):
   non-decreasing: safeguarded Newton on g inside a shrinking bracket (a bisection step in
   log-beta whenever Newton leaves the bracket), started at beta = 1, until a step changes beta
   by < 1e-13 relative (at most `max_iters` steps); deterministic. If g has no root in the
-  bracket, the iterates converge geometrically to the nearer end."""
+  bracket (g(lo) >= 0 or g(hi) <= 0, checked first), the minimiser is that end."""
   zy = jnp.take_along_axis(z, y[:, None], axis=1)[:, 0]
 
   def grad_hess(beta):
@@ -75,9 +75,14 @@ def _fit_beta(z, y, beta_lo, beta_hi, max_iters: int = 100):
     done = (jnp.abs(nxt - beta) <= 1e-13 * beta) | (hi <= lo * (1 + 1e-15))
     return i + 1, lo, hi, nxt, done
 
+  # g is non-decreasing: a bracket end where g already has the sign of the root's side is the
+  # minimiser (checked first: otherwise the iterates only approach that end geometrically)
+  g_lo, _ = grad_hess(beta_lo)
+  g_hi, _ = grad_hess(beta_hi)
   beta0 = jnp.clip(jnp.ones_like(beta_lo), beta_lo, beta_hi)
-  _, _, _, beta, _ = jax.lax.while_loop(cond, body, (0, beta_lo, beta_hi, beta0, False))
-  return beta
+  _, _, _, beta, _ = jax.lax.while_loop(cond, body, (0, beta_lo, beta_hi, beta0,
+                                                     (g_lo >= 0) | (g_hi <= 0)))
+  return jnp.where(g_lo >= 0, beta_lo, jnp.where(g_hi <= 0, beta_hi, beta))
 
 
 class TempScale(Detector):

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fi_jax.detectors import shared
 from fi_jax.detectors.core import HIGHEST, Outputs, cdtype
 
 CHUNK_ROWS = 16384
@@ -235,7 +236,28 @@ def moments(train, *, num_classes: int = 0, group: Optional[str] = None, scatter
   """Float64 sums over the fit set: n, sum [D]; with `group`: count [C], class_sum [C, D],
   n_grp, sum_grp (rows with a class); with `scatter`: scatter [D, D] = sum (h-K)(h-K)^T over the
   grouped rows (all rows if group is None), K = `shift` or the first chunk's mean (key 'shift').
-  `on_chunk(start, chunk)` is called for every chunk (to feed samplers in the same pass)."""
+  `on_chunk(start, chunk)` is called for every chunk (to feed samplers in the same pass).
+  Inside `detectors.shared()` (and without on_chunk) a pass is reused by later calls on the
+  same fit set that need no more than it computed."""
+  if on_chunk is not None or not shared.active():
+    return _moments(train, num_classes, group, scatter, shift, on_chunk)
+  shift_key = None if shift is None else np.asarray(shift, np.float64).tobytes()
+
+  def serves(extra, _):
+    _, g, nc, sc, sk = extra
+    if group is None and not scatter:
+      return True                         # every pass has n and sum over all rows
+    return g == group and nc == num_classes and (sc or not scatter) and (
+        not scatter or sk == shift_key)
+  hit = shared.lookup((train,), (), lambda extra, v: extra[0] == "moments" and serves(extra, v))
+  if hit is not None:
+    return hit
+  out = _moments(train, num_classes, group, scatter, shift, None)
+  shared.store((train,), ("moments", group, num_classes, scatter, shift_key), out)
+  return out
+
+
+def _moments(train, num_classes, group, scatter, shift, on_chunk) -> dict[str, np.ndarray]:
   total, k = None, None
   for start, chunk in chunks(train):
     if chunk.features is None:
