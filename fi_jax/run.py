@@ -221,21 +221,24 @@ def outputs_of(arrays: dict[str, np.ndarray]):
 
 def score_sets(dets: dict, sets: dict, head, log: Log) -> tuple[dict, dict]:
   """{detector: {set name: scores}} and {detector: error text} for detectors that failed."""
+  from fi_jax import detectors  # pylint: disable=g-import-not-at-top
   fit = outputs_of(sets["id_fit"])
+  # one Outputs per set, so that detectors.shared() recognises the same arrays across detectors
+  test_sets = {s: outputs_of(a) for s, a in sets.items() if s != "id_fit"}
   scores, errors = {}, {}
-  for name, det in dets.items():
-    t = time.time()
-    try:
-      if "inputs" in det.needs:
-        scores[name] = {s: np.asarray(a[f"score/{name}"]) for s, a in sets.items() if s != "id_fit"}
-      else:
-        state = det.fit(fit, head)
-        scores[name] = {s: np.asarray(det.score(state, outputs_of(a)))
-                        for s, a in sets.items() if s != "id_fit"}
-      log(f"  {name}: {time.time() - t:.2f} s")
-    except Exception as e:  # pylint: disable=broad-except  (one detector must not sink the run)
-      errors[name] = f"{type(e).__name__}: {e}"
-      log(f"  {name}: FAILED ({errors[name]})\n{traceback.format_exc(limit=3)}")
+  with detectors.shared(dets.values()):
+    for name, det in dets.items():
+      t = time.time()
+      try:
+        if "inputs" in det.needs:
+          scores[name] = {s: np.asarray(sets[s][f"score/{name}"]) for s in test_sets}
+        else:
+          state = det.fit(fit, head)
+          scores[name] = {s: np.asarray(det.score(state, out)) for s, out in test_sets.items()}
+        log(f"  {name}: {time.time() - t:.2f} s")
+      except Exception as e:  # pylint: disable=broad-except  (one detector must not sink the run)
+        errors[name] = f"{type(e).__name__}: {e}"
+        log(f"  {name}: FAILED ({errors[name]})\n{traceback.format_exc(limit=3)}")
   return scores, errors
 
 

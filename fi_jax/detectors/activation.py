@@ -7,12 +7,15 @@ signed features the formulas are applied unchanged (ASH-S/SCALE's exp(s1/s2) can
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import Detector, cdtype, fc, head_logits, head_state, require
+from fi_jax.detectors.core import (Detector, cdtype, check_outputs, fc, head_logits, head_state,
+                                   require)
 
 
 def _energy_of(h, state):
@@ -61,17 +64,33 @@ def _ash_keep(d: int, percentile: float) -> int:
   return d - int(np.round(d * percentile / 100.0))
 
 
-def _prune(h, percentile):
-  """(mask of the k largest entries per row, s1 = sum h, s2 = sum of the kept entries)."""
+@functools.partial(jax.jit, static_argnames=("k",))
+def _prune(h, k: int):
+  """(mask of the k largest entries per row (lax.top_k's choice among ties), s1 = sum h,
+  s2 = sum of the kept entries)."""
   h = jnp.asarray(h, jnp.float32)
-  k = _ash_keep(h.shape[-1], percentile)
-  if k <= 0:
-    raise ValueError(f"percentile {percentile} keeps no feature of {h.shape[-1]}.")
   _, idx = jax.lax.top_k(h, k)
   mask = jnp.zeros(h.shape, bool).at[jnp.arange(h.shape[0])[:, None], idx].set(True)
   s1 = jnp.sum(fc(h), -1)
   s2 = jnp.sum(jnp.where(mask, fc(h), 0.0), -1)
-  return h, mask, k, s1, s2
+  return mask, s1, s2
+
+
+def _pruned_score(det, state, outputs):
+  """det._score_jit(state, features, (mask, s1, s2)); the pruning is shared inside
+  `detectors.shared()` by every detector that keeps the same k of the same features."""
+  check_outputs(outputs, det.needs - {"labels", "head", "inputs"}, det.name)
+  d = np.shape(outputs.features)[-1]
+  k = _ash_keep(d, det.hparams["percentile"])
+  if k <= 0:
+    raise ValueError(f"{det.name}: percentile {det.hparams['percentile']} keeps no feature of "
+                     f"{d}.")
+
+  def compute():
+    pruned = shared.memo((outputs.features,), ("ash_prune", k),
+                         lambda: _prune(outputs.features, k))
+    return det._score_jit(state, outputs.features, pruned)
+  return shared.memo((state, outputs), ("score", type(det), det._hp_key), compute)
 
 
 class _ASH(Detector):
@@ -90,8 +109,13 @@ class _ASH(Detector):
   def _fit(self, train, head):
     return head_state(head)
 
-  def _score(self, state, features, logits):
-    h, mask, k, s1, s2 = _prune(features, self.hparams["percentile"])
+  def score(self, state, outputs):
+    return _pruned_score(self, state, outputs)
+
+  def _score(self, state, features, pruned):
+    mask, s1, s2 = pruned
+    h = jnp.asarray(features, jnp.float32)
+    k = _ash_keep(h.shape[-1], self.hparams["percentile"])
     if self.mode == "p":
       shaped = jnp.where(mask, h, 0.0)
     elif self.mode == "b":
@@ -126,8 +150,12 @@ class SCALE(Detector):
   def _fit(self, train, head):
     return head_state(head)
 
-  def _score(self, state, features, logits):
-    h, _, _, s1, s2 = _prune(features, self.hparams["percentile"])
+  def score(self, state, outputs):
+    return _pruned_score(self, state, outputs)
+
+  def _score(self, state, features, pruned):
+    _, s1, s2 = pruned
+    h = jnp.asarray(features, jnp.float32)
     z = head_logits(h, state["w"], 0.0) * jnp.exp(s1 / s2)[:, None] + fc(state["b"])
     return jax.nn.logsumexp(z, axis=-1)
 

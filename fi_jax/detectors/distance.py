@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.detectors import stats
-from fi_jax.detectors.core import (Detector, Outputs, cdtype, fc, l2_normalize, log_max_softmax,
-                                   matmul, require)
+from fi_jax.detectors import shared, stats
+from fi_jax.detectors.core import (Detector, Outputs, cdtype, check_outputs, fc, l2_normalize,
+                                   log_max_softmax, matmul, require)
 
 
 def _peek_classes(train, head) -> tuple[int, object]:
@@ -40,6 +40,11 @@ def _gaussian_state(means, valid, cov, prefix=""):
   return {prefix + "proj": lw, prefix + "means": mp, prefix + "sqnorm": sqn}
 
 
+@jax.jit
+def _min_maha_jit(h, state):
+  return _min_maha(h, state)
+
+
 def _min_maha(h, state, prefix=""):
   """min_c (h - mu_c)^T P (h - mu_c) via the whitened expansion |a|^2 - 2 a.m_c + |m_c|^2."""
   a = matmul(fc(h), state[prefix + "proj"])
@@ -56,14 +61,29 @@ class MDS(Detector):
   name, needs = "mds", frozenset({"features", "labels"})
   fit_needs = frozenset({"features", "labels"})
 
-  def _fit(self, train, head):
+  def _class_fit(self, train, head):
     c, train = _peek_classes(train, head)
     st = stats.moments(train, num_classes=c, group="label", scatter=True)
-    means, valid = stats.class_means(st)
-    return _gaussian_state(means, valid, stats.within_class_cov(st))
+    # one object for MDS and RMDS inside detectors.shared(), so their scores share it too
+    return dict(shared.memo((train,), ("class_gaussian", c), lambda: _gaussian_state(
+        *stats.class_means(st), stats.within_class_cov(st)))), st
 
-  def _score(self, state, features, logits):
-    return -_min_maha(features, state)
+  def _fit(self, train, head):
+    return self._class_fit(train, head)[0]
+
+  def score(self, state, outputs):
+    """min_c of the class Mahalanobis distances [N] is shared (inside `detectors.shared()`)
+    by MDS and RMDS, whose class Gaussians are one."""
+    check_outputs(outputs, self.needs - {"labels", "head", "inputs"}, self.name)
+
+    def compute():
+      d = shared.memo((state["proj"], outputs.features), ("min_maha",),
+                      lambda: _min_maha_jit(outputs.features, state))
+      return self._score_jit(state, outputs.features, d)
+    return shared.memo((state, outputs), ("score", type(self), self._hp_key), compute)
+
+  def _score(self, state, features, min_class_maha):
+    return -min_class_maha
 
 
 class RMDS(MDS):
@@ -72,16 +92,13 @@ class RMDS(MDS):
   name = "rmds"
 
   def _fit(self, train, head):
-    c, train = _peek_classes(train, head)
-    st = stats.moments(train, num_classes=c, group="label", scatter=True)
-    means, valid = stats.class_means(st)
-    state = _gaussian_state(means, valid, stats.within_class_cov(st))
+    state, st = self._class_fit(train, head)
     mu0 = (st["sum_grp"] / st["n_grp"])[None, :]
     state.update(_gaussian_state(mu0, np.ones(1, bool), stats.grouped_cov(st), prefix="bg_"))
     return state
 
-  def _score(self, state, features, logits):
-    return -_min_maha(features, state) + _min_maha(features, state, prefix="bg_")
+  def _score(self, state, features, min_class_maha):
+    return -min_class_maha + _min_maha(features, state, prefix="bg_")
 
 
 # ----------------------------------------------------------------------------- ViM / Residual
@@ -178,6 +195,11 @@ def _tee(train, sample: stats.RowSample):
 
 # ----------------------------------------------------------------------------- class means
 
+@jax.jit
+def _cosines(features, unit_means):
+  return matmul(l2_normalize(fc(features)), unit_means.T)
+
+
 class Cosine(Detector):
   """NINCO 'cosine': max_c cos(h, mu_c), mu_c the (uncentred) class means of the fit features
   (true labels); empty classes are skipped."""
@@ -191,11 +213,19 @@ class Cosine(Detector):
     cd = cdtype()
     return {"means": l2_normalize(jnp.asarray(means, cd)), "valid": jnp.asarray(valid)}
 
-  def _cos(self, state, features):
-    return matmul(l2_normalize(fc(features)), state["means"].T)
+  def score(self, state, outputs):
+    """The cosines [N, C] are shared (inside `detectors.shared()`) by cosine and relative
+    cosine, whose fits are one."""
+    check_outputs(outputs, self.needs - {"labels", "head", "inputs"}, self.name)
 
-  def _score(self, state, features, logits):
-    return jnp.max(jnp.where(state["valid"][None, :], self._cos(state, features), -jnp.inf), -1)
+    def compute():
+      cos = shared.memo((state["means"], outputs.features), ("cosines",),
+                        lambda: _cosines(outputs.features, state["means"]))
+      return self._score_jit(state, None, cos)
+    return shared.memo((state, outputs), ("score", type(self), self._hp_key), compute)
+
+  def _score(self, state, features, cos):
+    return jnp.max(jnp.where(state["valid"][None, :], cos, -jnp.inf), -1)
 
 
 class RelativeCosine(Cosine):
@@ -209,8 +239,8 @@ class RelativeCosine(Cosine):
   def validate(cls, hp):
     require(hp["temperature"] > 0, "relative_cosine: temperature must be > 0.")
 
-  def _score(self, state, features, logits):
-    z = self._cos(state, features) / self.hparams["temperature"]
+  def _score(self, state, features, cos):
+    z = cos / self.hparams["temperature"]
     return log_max_softmax(jnp.where(state["valid"][None, :], z, -jnp.inf))
 
 

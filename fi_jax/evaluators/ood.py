@@ -102,13 +102,17 @@ class Evaluator:
         yield "id_accuracy", float(metrics.classification_accuracy(
             jnp.asarray(test["logits"]), jnp.asarray(labels)))
       fit = outputs(sets["id_fit"])
-      for dname, det in self.detectors.items():
-        if "inputs" in det.needs:
-          scored = {k: v[f"score/{dname}"] for k, v in sets.items() if k != "id_fit"}
-        else:
-          state = det.fit(fit, head)
-          scored = {k: np.asarray(det.score(state, outputs(v)))
-                    for k, v in sets.items() if k != "id_fit"}
+      test_sets = {k: outputs(v) for k, v in sets.items() if k != "id_fit"}
+      all_scores = {}
+      with det_lib.shared(self.detectors.values()):   # closed before the first yield
+        for dname, det in self.detectors.items():
+          if "inputs" in det.needs:
+            all_scores[dname] = {k: sets[k][f"score/{dname}"] for k in test_sets}
+          else:
+            state = det.fit(fit, head)
+            all_scores[dname] = {k: np.asarray(det.score(state, out))
+                                 for k, out in test_sets.items()}
+      for dname, scored in all_scores.items():
         for set_name, s in scored.items():
           if not set_name.startswith("ood/"):
             continue
