@@ -14,8 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import (Detector, cdtype, check_outputs, fc, head_logits, head_state,
-                                   require)
+from fi_jax.detectors.core import Detector, cdtype, fc, head_logits, head_state, require
 
 
 def _energy_of(h, state):
@@ -76,21 +75,16 @@ def _prune(h, k: int):
   return mask, s1, s2
 
 
-def _pruned_score(det, state, outputs):
-  """det._score_jit(state, features, (mask, s1, s2)); the pruning is shared inside
-  `detectors.shared()` by every detector that keeps the same k of the same features."""
-  check_outputs(outputs, det.needs - {"labels", "head", "inputs"}, det.name)
+def _pruned_args(det, outputs) -> tuple:
+  """(features, (mask, s1, s2)); the pruning is shared inside `detectors.shared()` by every
+  detector that keeps the same k of the same features."""
   d = np.shape(outputs.features)[-1]
   k = _ash_keep(d, det.hparams["percentile"])
   if k <= 0:
     raise ValueError(f"{det.name}: percentile {det.hparams['percentile']} keeps no feature of "
                      f"{d}.")
-
-  def compute():
-    pruned = shared.memo((outputs.features,), ("ash_prune", k),
-                         lambda: _prune(outputs.features, k))
-    return det._score_jit(state, outputs.features, pruned)
-  return shared.memo((state, outputs), ("score", type(det), det._hp_key), compute)
+  return outputs.features, shared.memo((outputs.features,), ("ash_prune", k),
+                                       lambda: _prune(outputs.features, k))
 
 
 class _ASH(Detector):
@@ -109,8 +103,8 @@ class _ASH(Detector):
   def _fit(self, train, head):
     return head_state(head)
 
-  def score(self, state, outputs):
-    return _pruned_score(self, state, outputs)
+  def _score_args(self, state, outputs):
+    return _pruned_args(self, outputs)
 
   def _score(self, state, features, pruned):
     mask, s1, s2 = pruned
@@ -150,8 +144,8 @@ class SCALE(Detector):
   def _fit(self, train, head):
     return head_state(head)
 
-  def score(self, state, outputs):
-    return _pruned_score(self, state, outputs)
+  def _score_args(self, state, outputs):
+    return _pruned_args(self, outputs)
 
   def _score(self, state, features, pruned):
     _, s1, s2 = pruned

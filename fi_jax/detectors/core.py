@@ -159,10 +159,16 @@ class Detector(abc.ABC):
   def score(self, state: dict, outputs: Outputs) -> jax.Array:
     """Scores [N] (higher = more ID), float64 when x64 is on."""
     check_outputs(outputs, self.needs - {"labels", "head", "inputs"}, self.name)
-    return shared.memo(
-        (state, outputs), ("score", type(self), self._hp_key),
-        lambda: self._score_jit(state, outputs.features if "features" in self.needs else None,
-                                outputs.logits if "logits" in self.needs else None))
+    return shared.memo((state, outputs), ("score", type(self), self._hp_key),
+                       lambda: self._score_jit(state, *self._score_args(state, outputs)))
+
+  def _score_args(self, state, outputs) -> tuple:
+    """The two arrays `_score` receives after the state: (features, logits) by default (None
+    where not needed); a detector with a costly shared intermediate computes it here, outside
+    the jitted score, so that `detectors.shared()` can memoise it."""
+    del state
+    return (outputs.features if "features" in self.needs else None,
+            outputs.logits if "logits" in self.needs else None)
 
   @abc.abstractmethod
   def _score(self, state, features, logits):

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import (Detector, Outputs, cdtype, check_outputs, fc, l2_normalize,
-                                   log_max_softmax, matmul, require)
+from fi_jax.detectors.core import (Detector, Outputs, cdtype, fc, l2_normalize, log_max_softmax,
+                                   matmul, require)
 
 
 def _peek_classes(train, head) -> tuple[int, object]:
@@ -71,16 +71,11 @@ class MDS(Detector):
   def _fit(self, train, head):
     return self._class_fit(train, head)[0]
 
-  def score(self, state, outputs):
-    """min_c of the class Mahalanobis distances [N] is shared (inside `detectors.shared()`)
-    by MDS and RMDS, whose class Gaussians are one."""
-    check_outputs(outputs, self.needs - {"labels", "head", "inputs"}, self.name)
-
-    def compute():
-      d = shared.memo((state["proj"], outputs.features), ("min_maha",),
-                      lambda: _min_maha_jit(outputs.features, state))
-      return self._score_jit(state, outputs.features, d)
-    return shared.memo((state, outputs), ("score", type(self), self._hp_key), compute)
+  def _score_args(self, state, outputs):
+    """(features, min_c class Mahalanobis distance [N]): shared inside `detectors.shared()` by
+    MDS and RMDS, whose class Gaussians are one."""
+    return outputs.features, shared.memo((state["proj"], outputs.features), ("min_maha",),
+                                         lambda: _min_maha_jit(outputs.features, state))
 
   def _score(self, state, features, min_class_maha):
     return -min_class_maha
@@ -213,16 +208,11 @@ class Cosine(Detector):
     cd = cdtype()
     return {"means": l2_normalize(jnp.asarray(means, cd)), "valid": jnp.asarray(valid)}
 
-  def score(self, state, outputs):
-    """The cosines [N, C] are shared (inside `detectors.shared()`) by cosine and relative
+  def _score_args(self, state, outputs):
+    """(None, cosines [N, C]): shared inside `detectors.shared()` by cosine and relative
     cosine, whose fits are one."""
-    check_outputs(outputs, self.needs - {"labels", "head", "inputs"}, self.name)
-
-    def compute():
-      cos = shared.memo((state["means"], outputs.features), ("cosines",),
-                        lambda: _cosines(outputs.features, state["means"]))
-      return self._score_jit(state, None, cos)
-    return shared.memo((state, outputs), ("score", type(self), self._hp_key), compute)
+    return None, shared.memo((state["means"], outputs.features), ("cosines",),
+                             lambda: _cosines(outputs.features, state["means"]))
 
   def _score(self, state, features, cos):
     return jnp.max(jnp.where(state["valid"][None, :], cos, -jnp.inf), -1)

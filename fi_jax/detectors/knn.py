@@ -28,8 +28,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import (HIGHEST, Detector, check_outputs, energy, fc, l2_normalize,
-                                   require)
+from fi_jax.detectors.core import HIGHEST, Detector, energy, fc, l2_normalize, require
 
 _AXIS = "bank"
 
@@ -184,12 +183,9 @@ class _BankDetector(Detector):
       shared.store((state["bank"], features), ("topk",), hit)
     return hit[:, :k]
 
-  def score(self, state, outputs):
-    check_outputs(outputs, self.needs - {"labels", "head", "inputs"}, self.name)
-    return shared.memo(
-        (state, outputs), ("score", type(self), self._hp_key),
-        lambda: self._score_jit(state, self._features_topk(state, outputs.features),
-                                outputs.logits if "logits" in self.needs else None))
+  def _score_args(self, state, outputs):
+    return (self._features_topk(state, outputs.features),
+            outputs.logits if "logits" in self.needs else None)
 
 
 class KNN(_BankDetector):
