@@ -30,10 +30,10 @@ _SCOPE: Optional["_Scope"] = None
 
 class _Scope:
 
-  def __init__(self, max_k: dict[str, set]):
+  def __init__(self, ks: dict[str, set]):
     self.entries: dict[Hashable, Any] = {}
     self.alive: list[Any] = []          # keeps keyed objects alive: ids stay unique
-    self.ks = {name: set(v) for name, v in max_k.items()}
+    self.ks = {name: set(v) for name, v in ks.items()}
     self.hits = 0
 
   def key(self, objs: Iterable[Any], extra: tuple) -> tuple:
