@@ -162,7 +162,7 @@ class Encoder1DBlock(nn.Module):
   ln_eps: float = 1e-6
   layerscale: Optional[float] = None
   dtype_mm: str = "float32"
-  attention: str = "flax"    # or "heads_first" (same math, faster on XLA:CPU)
+  attention: str = "heads_first"    # or "flax" (same math; heads_first is faster on XLA:CPU)
 
   @nn.compact
   def __call__(self, x, deterministic=True, mask=None):
@@ -200,7 +200,7 @@ class Encoder(nn.Module):
   remat_policy: str = "nothing_saveable"
   final_norm: bool = True
   dtype_mm: str = "float32"
-  attention: str = "flax"
+  attention: str = "heads_first"
 
   @nn.compact
   def __call__(self, x, deterministic=True, mask=None):
