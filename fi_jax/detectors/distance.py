@@ -41,8 +41,8 @@ def _gaussian_state(means, valid, cov, prefix=""):
 
 
 @jax.jit
-def _min_maha_jit(h, state):
-  return _min_maha(h, state)
+def _min_class_maha(h, proj, means, sqnorm):
+  return _min_maha(h, {"proj": proj, "means": means, "sqnorm": sqnorm})
 
 
 def _min_maha(h, state, prefix=""):
@@ -75,7 +75,8 @@ class MDS(Detector):
     """(features, min_c class Mahalanobis distance [N]): shared inside `detectors.shared()` by
     MDS and RMDS, whose class Gaussians are one."""
     return outputs.features, shared.memo((state["proj"], outputs.features), ("min_maha",),
-                                         lambda: _min_maha_jit(outputs.features, state))
+                                         lambda: _min_class_maha(outputs.features, state["proj"],
+                                                                 state["means"], state["sqnorm"]))
 
   def _score(self, state, features, min_class_maha):
     return -min_class_maha

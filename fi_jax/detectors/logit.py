@@ -141,11 +141,11 @@ class GEN(Detector):
     m = min(int(self.hparams["top_m"]), logp.shape[-1])
     # log p = z - const per row, so the m largest log-probabilities sit at the m largest logits:
     # select on the model's float32 logits (a float64 top-k is several times slower on CPUs)
-    z32 = jnp.asarray(logits)
-    if z32.dtype != jnp.float32 or jnp.issubdtype(logp.dtype, jnp.float32):
-      top = jax.lax.top_k(logp, m)[0]
+    z = jnp.asarray(logits)
+    if z.dtype == jnp.float32 and logp.dtype != jnp.float32:
+      top = jnp.take_along_axis(logp, jax.lax.top_k(z, m)[1], axis=-1)
     else:
-      top = jnp.take_along_axis(logp, jax.lax.top_k(z32, m)[1], axis=-1)
+      top = jax.lax.top_k(logp, m)[0]
     log1mp = jnp.log(-jnp.expm1(top))
     return -jnp.sum(jnp.exp(self.hparams["gamma"] * (top + log1mp)), axis=-1)
 

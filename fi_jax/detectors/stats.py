@@ -244,12 +244,14 @@ def moments(train, *, num_classes: int = 0, group: Optional[str] = None, scatter
   shift_key = None if shift is None else np.asarray(shift, np.float64).tobytes()
 
   def serves(extra, _):
+    if extra[0] != "moments":
+      return False
     _, g, nc, sc, sk = extra
     if group is None and not scatter:
       return True                         # every pass has n and sum over all rows
     return g == group and nc == num_classes and (sc or not scatter) and (
         not scatter or sk == shift_key)
-  hit = shared.lookup((train,), (), lambda extra, v: extra[0] == "moments" and serves(extra, v))
+  hit = shared.lookup((train,), (), serves)
   if hit is not None:
     return hit
   out = _moments(train, num_classes, group, scatter, shift, None)
