@@ -64,7 +64,8 @@ AP are sums of <= n terms in [0, 1] added pairwise: absolute error <= (log2 n + 
 (error <= (n_class + 3) eps per class; per-class ``aupr_in`` <= n_class (log2 n_id + 3) eps).
 ``fpr95_ninco``'s threshold and the bootstrap percentiles are bit-identical to ``np.quantile``
 in the same dtype (an opaque operand stops XLA from fusing numpy's a + d * g into an FMA;
-checked on CPU). Float32 mode only: the per-class OOD-positive crossing tests
+checked on CPU), except between two *different subnormal* order statistics (|s| < 2.2e-308 in
+float64), which XLA:CPU's flush-to-zero arithmetic interpolates as zeros. Float32 mode only: the per-class OOD-positive crossing tests
 k / n_class >= tpr in float32, which can differ from float64 when k / n_class is within 6e-8
 (relative) of ``tpr``; scores are cast to float32 first, which can create new ties.
 """
@@ -132,7 +133,10 @@ def _lerp(a: jax.Array, b: jax.Array, g: jax.Array, zero: jax.Array) -> jax.Arra
   """
   g = g.astype(a.dtype)
   d = b - a
-  return jnp.where(g[0] >= 0.5, b - _opaque(d * g[1], zero), a + _opaque(d * g[0], zero))
+  lerp = jnp.where(g[0] >= 0.5, b - _opaque(d * g[1], zero), a + _opaque(d * g[0], zero))
+  # a == b: numpy gives a (+ 0); selected, not computed, so a subnormal a survives XLA:CPU's
+  # flush-to-zero arithmetic
+  return jnp.where(a == b, a, lerp)
 
 
 def _div(a: jax.Array, b: jax.Array) -> jax.Array:
