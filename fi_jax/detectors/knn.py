@@ -398,7 +398,7 @@ def _guides(h, logits):
 
 class _BankDetector(Detector):
   """Shared blockwise order statistics of the similarities to state['bank']."""
-  defaults = {"query_block": 256, "bank_block": 131072}
+  defaults = {"query_block": 512, "bank_block": 131072}
   score_only = frozenset({"k", "query_block", "bank_block"})
 
   @classmethod
