@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
