@@ -132,17 +132,6 @@ def _threshold(keys, k: int, slack: int = 0, lower=None):
   return state[1], state[3]
 
 
-def _prefix_count(mask, chunk: int = 32):
-  """Inclusive prefix sums [B, n] (int32) of a boolean [B, n] along rows: within chunks by a
-  float32 matmul with a triangular matrix (exact: integers < 2^24), then chunk offsets."""
-  b, n = mask.shape
-  x = jnp.pad(mask, ((0, 0), (0, (-n) % chunk))).astype(jnp.float32).reshape(b, -1, chunk)
-  inner = jnp.einsum("bjc,cd->bjd", x, jnp.triu(jnp.ones((chunk, chunk), jnp.float32)),
-                     precision=HIGHEST)
-  offset = jnp.cumsum(inner[:, :, -1], axis=1) - inner[:, :, -1]
-  return (inner + offset[:, :, None]).reshape(b, -1)[:, :n].astype(jnp.int32)
-
-
 def _kept_indices(keep, slots: int):
   """[B, slots] int32: the column indices of the True entries of each row of keep [B, n] in
   order, n (out of range) past the last. The mask is packed into 32-bit words: a binary
@@ -192,7 +181,7 @@ def _top_groups_rows(vals, k: int):
   def tie_order():                         # t is the k-th largest maximum where c > slots
     above, at = gmax > t[:, None], gmax == t[:, None]
     room = k - jnp.sum(above, axis=1, keepdims=True, dtype=jnp.int32)
-    return above | (at & (_prefix_count(at) <= room))
+    return above | (at & (jnp.cumsum(at, axis=1, dtype=jnp.int32) <= room))
   keep = lax.cond(jnp.any(c > slots), tie_order, lambda: gmax >= t[:, None])
   idx = _kept_indices(keep, slots)
   groups = jnp.take_along_axis(vals, idx[:, :, None], axis=1, mode="fill",
@@ -206,20 +195,18 @@ def _order_stats_rows(cand, ks: tuple[int, ...], lower=None, sums: bool = True):
   (lower: as in _threshold). The largest k is searched first; its k-th largest bounds the
   search of each smaller k."""
   keys = lax.optimization_barrier(_order_keys(cand))
-  out = {}
+  kth_of, sum_of = {}, {}
   for k in sorted(ks, reverse=True):
     t, _ = _threshold(keys, k, 0, lower)
     # the k-th largest is the smallest key >= t (t itself where it is tied)
     lower = jnp.min(jnp.where(keys >= t[:, None], keys, jnp.iinfo(jnp.int32).max), axis=1)
-    kth = _from_keys(lower)
+    kth_of[k] = kth = _from_keys(lower)
     if sums:
       above = keys > lower[:, None]
       n_above = jnp.sum(above, axis=1, dtype=jnp.int32)
-      out[k] = (kth, jnp.sum(jnp.where(above, fc(cand), 0), axis=1) + (k - n_above) * fc(kth))
-    else:
-      out[k] = (kth, None)
-  return (jnp.stack([out[k][0] for k in ks], axis=1),
-          jnp.stack([out[k][1] for k in ks], axis=1) if sums else None)
+      sum_of[k] = jnp.sum(jnp.where(above, fc(cand), 0), axis=1) + (k - n_above) * fc(kth)
+  return (jnp.stack([kth_of[k] for k in ks], axis=1),
+          jnp.stack([sum_of[k] for k in ks], axis=1) if sums else None)
 
 
 _SELECT_ROWS = 128   # rows selected together: the searches run until their slowest row ends
