@@ -5,7 +5,7 @@ float64), so the tests do too. Models stay float32 because they cast explicitly.
 
 Shim: PyPI's torchvision 0.28 is CUDA-linked; beside the CPU torch 2.13 wheel its C ops never
 register and `import torchvision` (hence timm / open_clip) dies on `torchvision::nms`.
-Defining the two op schemas before anything imports torchvision fixes it (../shared/specs/env.md §5).
+Defining the two op schemas before anything imports torchvision fixes it.
 """
 import os
 

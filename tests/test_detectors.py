@@ -159,7 +159,8 @@ def test_msp_maxlogit_energy(nonneg):
 
 
 def test_msp_saturated_keeps_order():
-  """float32 softmax saturates at 1.0; the float64 log path keeps every order (spec P10)."""
+  """float32 softmax saturates at 1.0; the float64 log path keeps every order
+  (docs/detectors.md#pitfalls)."""
   gaps = np.linspace(20.0, 60.0, 41)
   z = np.zeros((len(gaps), 5), np.float32)
   z[:, 0] = gaps
@@ -251,7 +252,7 @@ def test_ash_scale(nonneg, name, mode):
 
 
 def test_ash_signed_features():
-  """On signed features ASH-P/-B stay finite and equal the formula (spec P9)."""
+  """On signed features ASH-P/-B stay finite and equal the formula (docs/detectors.md#pitfalls)."""
   fit, test, head = make_data(True)
   for name, mode in (("ash_p", "p"), ("ash_b", "b")):
     ref = energy_np(ref_ash(test.features, 90.0, mode), head)
@@ -290,7 +291,8 @@ def test_mds_rmds(data):
 
 
 def test_mds_without_head_and_singular_covariance():
-  """D > N_fit: the covariance is singular and the pseudo-inverse is used (spec P4)."""
+  """D > N_fit: the covariance is singular and the pseudo-inverse is used
+  (docs/detectors.md#mds)."""
   fit, test, head = make_data(False, seed=3, d=40)
   small = detectors.Outputs(fit.features[:30], fit.logits[:30], fit.labels[:30])
   det = detectors.build("mds")

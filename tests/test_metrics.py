@@ -73,7 +73,8 @@ def test_matches_sklearn(kind, tpr):
 
 
 def test_saturation_separates_conventions():
-  """Spec §2.2: with a block of exact 1.0 scores OpenOOD v1.5's FPR jumps to 100%."""
+  """docs/metrics.md#fpr95_ood_positive: with a block of exact 1.0 scores OpenOOD v1.5's FPR jumps
+  to 100%."""
   rng = np.random.default_rng(0)
   x = np.where(rng.random(400) < 0.6, 1.0, rng.random(400))
   y = np.where(rng.random(300) < 0.16, 1.0, rng.random(300) * 0.9)

@@ -1,4 +1,4 @@
-"""Post-hoc OOD detectors, jitted, equal to their references (../shared/specs/detectors.md §1).
+"""Post-hoc OOD detectors, jitted, equal to their references (docs/detectors.md).
 
     det = detectors.build("vim", preset="ninco")          # or preset="openood" / None, **hparams
     state = det.fit(fit_outputs, head)                    # Outputs or an iterable of Outputs

@@ -1,8 +1,10 @@
-"""Feature-shaping energy scores: ReAct, ASH-P/-B/-S, SCALE, DICE (spec §1.3).
+"""Feature-shaping energy scores: ReAct, ASH-P/-B/-S, SCALE, DICE
+(docs/detectors.md#feature-shaping-energy-scores).
 
 Each reshapes the penultimate features (or the head's weights) and returns the energy
 logsumexp(W h' + b) of the recomputed logits (head matmul in float32 at HIGHEST precision, the
-logsumexp in the compute dtype). They assume non-negative (post-ReLU) features (spec P9); on
+logsumexp in the compute dtype). They assume non-negative (post-ReLU) features
+(docs/detectors.md#pitfalls); on
 signed features the formulas are applied unchanged (ASH-S/SCALE's exp(s1/s2) can overflow).
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ class ReAct(Detector):
   (numpy 'linear') of *all entries* of the fit features. OpenOOD: percentile 90 of val5k
   activations; NINCO: quantile 0.99 of train. The percentile is exact over the fit features
   when the fit set has <= `max_rows` rows, else over all entries of a seeded uniform subset of
-  `max_rows` rows (stats.RowSample; spec P13)."""
+  `max_rows` rows (stats.RowSample; docs/detectors.md#react)."""
   name, needs = "react", frozenset({"features", "head"})
   fit_needs = frozenset({"features"})
   defaults = {"percentile": 90.0, "max_rows": 50_000, "seed": 0}

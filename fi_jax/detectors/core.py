@@ -1,11 +1,11 @@
 """The detector contract (Outputs, Head, Detector) and the numerics every family shares.
 
-Conventions (../shared/specs/detectors.md §0):
+Conventions (docs/detectors.md#conventions):
 * every score is oriented higher = more in-distribution (distances and KLs are negated);
 * scores are float64 when `jax_enable_x64` is on (float32 otherwise), whatever the input dtype;
 * scores that are a max softmax probability (MSP, TempScale, ODIN, relative cosine, MCM) are
   returned as its *logarithm*, computed as -log1p(sum_{c != argmax} exp(z_c - z_max)): the same
-  ranking as the probability, but no float saturation at exactly 1.0 (spec P10);
+  ranking as the probability, but no float saturation at exactly 1.0 (docs/detectors.md#pitfalls);
 * matmuls with the model's float32 features/weights use `Precision.HIGHEST` (no TF32 on GPUs);
   covariances, eigh, pseudo-inverses and quadratic forms use the float64 compute dtype.
 """

@@ -1,5 +1,6 @@
 """Feature-space scores: MDS, RMDS, Residual, ViM, SHE, cosine, relative cosine, fDBD, NCI
-(spec §1.4). Statistics are float64 streaming sums (stats.py); linear algebra (eigh, pinv) and
+(docs/detectors.md#feature-space-scores). Statistics are float64 streaming sums (stats.py); linear
+algebra (eigh, pinv) and
 quadratic forms run in the compute dtype (float64 under x64).
 
 Empty classes (a class with no fit row) are skipped: they are left out of every min / max /
@@ -127,7 +128,7 @@ class Residual(Detector):
     dim = vim_dim(d) if self.hparams["dim"] is None else int(self.hparams["dim"])
     if dim >= d:
       raise ValueError(f"{self.name}: dim={dim} >= feature dimension {d} leaves an empty residual "
-                       f"space (spec P6); set dim < {d}.")
+                       f"space (docs/detectors.md#residual); set dim < {d}.")
     return dim
 
   def _subspace(self, train, head):
@@ -153,7 +154,8 @@ class ViM(Residual):
   alpha = mean_i max_c z_ic / mean_i |Q^T (h_i - u)| over the fit rows (their logits). alpha
   takes a second pass over a re-iterable fit set (Outputs, list, ...); from a one-shot iterator
   it uses a seeded uniform subset of `max_rows` rows kept during the first pass (exact when the
-  set is smaller). dim: ViM rule for None (paper, NINCO), 256 for OpenOOD (spec P6)."""
+  set is smaller). dim: ViM rule for None (paper, NINCO), 256 for OpenOOD
+  (docs/detectors.md#vim)."""
   name, needs = "vim", frozenset({"features", "logits", "head"})
   fit_needs = frozenset({"features", "logits"})
   presets = {"ninco": {"dim": None}, "openood": {"dim": 256}}

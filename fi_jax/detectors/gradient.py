@@ -1,5 +1,5 @@
 """Gradient-based scores: ODIN (input perturbation, needs the model) and GradNorm (closed form)
-(spec §1.5)."""
+(docs/detectors.md#gradient-scores)."""
 from __future__ import annotations
 
 import functools

@@ -1,4 +1,5 @@
-"""Nearest-neighbour scores: KNN and NNGuide (spec §1.4), exact, blockwise, optionally sharded.
+"""Nearest-neighbour scores: KNN and NNGuide (docs/detectors.md#nearest-neighbour-scores), exact,
+blockwise, optionally sharded.
 
 Both scores need only order statistics of each query's similarities to the bank: KNN the k-th
 largest, NNGuide the sum of the k largest. Similarities are float32 inner products at HIGHEST

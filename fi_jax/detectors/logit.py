@@ -1,4 +1,5 @@
-"""Logit-only scores: MSP, MaxLogit, Energy, TempScale, GEN, KL-Matching (spec §1.2)."""
+"""Logit-only scores: MSP, MaxLogit, Energy, TempScale, GEN, KL-Matching
+(docs/detectors.md#logit-scores)."""
 from __future__ import annotations
 
 import functools

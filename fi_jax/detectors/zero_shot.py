@@ -1,4 +1,4 @@
-"""Zero-shot CLIP score: MCM (spec §1.6)."""
+"""Zero-shot CLIP score: MCM (docs/detectors.md#mcm)."""
 from __future__ import annotations
 
 import jax.numpy as jnp
