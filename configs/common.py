@@ -86,5 +86,5 @@ def imagenet_sets(c: ml_collections.ConfigDict, *, data_dir: str = "", ood_sets=
                          group_key="ood_class_id")
     else:
       specs[name] = dict(source="tfds", name=name, split="test", data_dir=dd, label_key=None,
-                         group_key="label")
+                         group_key="ood_class_id")
   c.ood = ml_collections.ConfigDict(specs)

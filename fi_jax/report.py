@@ -2,8 +2,9 @@
 
 Rows are one (model, detector, ID set, OOD set) each. Metric values are fractions in [0, 1] in
 the files; the printed / Markdown table shows them in percent, as papers do. `fpr95` is the
-ID-positive FPR@95%TPR (NINCO, ViM, KNN papers); `fpr95_ood_positive` is OpenOOD v1.5's
-convention — see fi_jax/metrics.py for the exact definitions.
+ID-positive FPR@95%TPR with the K-th largest ID score as threshold (ViM, KNN papers), `fpr95_ninco`
+NINCO's interpolated-quantile variant, `fpr95_ood_positive` OpenOOD v1.5's convention — see
+docs/metrics.md for the exact definitions.
 """
 from __future__ import annotations
 
@@ -115,8 +116,8 @@ def write(results: dict, workdir: str) -> None:
   with open(os.path.join(workdir, "results.md"), "w") as f:
     f.write(f"# fi_jax results: {meta.get('config', {}).get('model_label', '')}\n\n")
     f.write(table(results) + "\n\n")
-    f.write("Metrics in percent; ID is the positive class for AUROC and FPR@95 (NINCO "
-            "convention); FPR@95 (OOD+) is OpenOOD v1.5's. Brackets: bootstrap CI.\n")
+    f.write("Metrics in percent; ID is the positive class for AUROC and FPR@95 (threshold: the "
+            "K-th largest ID score); FPR@95 (OOD+) is OpenOOD v1.5's. Brackets: bootstrap CI.\n")
     errors = meta.get("detector_errors") or {}
     for name, err in errors.items():
       f.write(f"\n- detector {name} failed: {err}\n")
