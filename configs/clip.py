@@ -11,11 +11,11 @@ normalised image embeddings; the head is the zero-shot head of OpenAI's 80 promp
 import ml_collections
 
 from configs import common
+from fi_jax import preprocess
 from fi_jax.models import releases
 
 
 def get_config(arg=None):
-  from fi_jax import preprocess  # pylint: disable=g-import-not-at-top
   arg = common.parse_arg(arg, name="openai-B/16", ckpt="", vocab="", data_dir="",
                          ood="+".join(common.OOD_SETS), fit_per_class=0, odin=False,
                          preset="ninco", batch_size=256)

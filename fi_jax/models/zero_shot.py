@@ -87,14 +87,6 @@ def head_arrays(embed_fn: EmbedFn, class_names: Optional[Sequence[str]] = None,
   return w, np.full((emb.shape[0],), bias, np.float32)
 
 
-def zero_shot_head(embed_fn: EmbedFn, class_names: Optional[Sequence[str]] = None,
-                   templates: Union[str, Sequence[str]] = "clip_paper", *, scale: float = 1.0,
-                   bias: float = 0.0, **kw) -> Head:
-  """The detectors' `Head(w, b)` (fi_jax.outputs) of the zero-shot classifier."""
-  w, b = head_arrays(embed_fn, class_names, templates, scale=scale, bias=bias, **kw)
-  return Head(w, b)
-
-
 def accuracy(zimg: np.ndarray, head: Any, labels: np.ndarray) -> float:
   """Top-1 accuracy of argmax(zimg @ w + b); `head` is a Head, a (w, b) pair or w [D, C].
   `labels`: [N] ints, or multi-hot [N, C] (a hit if the argmax is any positive, like ReaL)."""

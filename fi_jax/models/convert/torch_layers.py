@@ -90,12 +90,6 @@ class Tensors:
     return np.asarray(self.flat[name])
 
 
-def count_blocks(flat: Mapping[str, Any], pattern: str) -> int:
-  """Number of blocks in torch names: 1 + the largest index captured by `pattern`."""
-  ids = {int(m.group(1)) for k in flat for m in [re.match(pattern, k)] if m}
-  return max(ids) + 1 if ids else 0
-
-
 # ----------------------------------------------------------------------------- blocks
 
 _QKV = {"q": "query", "k": "key", "v": "value"}
