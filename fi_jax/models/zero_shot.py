@@ -1,11 +1,12 @@
-"""Zero-shot classifier heads from a text tower, the way big_vision's evaluator builds them.
+"""Zero-shot classifier heads of image-text models (SigLIP two towers, CLIP), as big_vision's
+evaluator builds them, and the predictor `fi_jax.run` uses for such models.
 
-Every (class name, template) text is embedded, the L2-normalised embeddings of a class are
-averaged and re-normalised; the head is `w = scale * E.T` ([D, C]), `b = bias` ([C]), so for a
-normalised image embedding z the logits are `z @ w + b` (SigLIP: scale = exp(t), bias = b;
-CLIP: scale = exp(logit_scale), bias = 0). Class names / templates are canonicalised like
-big_vision's prompt_engineering (lower case, '_' -> ' ', punctuation removed except ',' in
-names and '{}' in templates, whitespace collapsed).
+Every (class name, template) text is embedded (`text_embedder`), the L2-normalised embeddings
+of a class are averaged and re-normalised; the head is `w = scale * E.T` ([D, C]), `b = bias`
+([C]), so for a normalised image embedding z the logits are `z @ w + b` (SigLIP: scale =
+exp(t), bias = b; CLIP: scale = exp(logit_scale), bias = 0). Class names / templates are
+canonicalised like big_vision's prompt_engineering (lower case, '_' -> ' ', punctuation
+removed except ',' in names and '{}' in templates, whitespace collapsed).
 """
 from __future__ import annotations
 
