@@ -4,24 +4,24 @@
 
 Needs: the OpenCLIP state dict of the checkpoint `name` (open_clip_model.safetensors, or
 open_clip_pytorch_model.bin read with torch.load(weights_only=True)); where to download each is
-in fi_jax.models.clip.CHECKPOINTS. The BPE vocabulary defaults to the copy inside an installed
+in fi_jax.models.releases.CLIP_CHECKPOINTS. The BPE vocabulary defaults to the copy inside an installed
 open_clip (`vocab=` points elsewhere). Datasets as for configs/vit.py. Features are the
 normalised image embeddings; the head is the zero-shot head of OpenAI's 80 prompts.
 """
 import ml_collections
 
 from configs import common
+from fi_jax import preprocess
+from fi_jax.models import releases
 
 
 def get_config(arg=None):
-  from fi_jax import preprocess  # pylint: disable=g-import-not-at-top
-  from fi_jax.models import clip  # pylint: disable=g-import-not-at-top
   arg = common.parse_arg(arg, name="openai-B/16", ckpt="", vocab="", data_dir="",
                          ood="+".join(common.OOD_SETS), fit_per_class=0, odin=False,
                          preset="ninco", batch_size=256)
-  if arg.name not in clip.CHECKPOINTS:
-    raise ValueError(f"Unknown CLIP checkpoint {arg.name!r}; known: {sorted(clip.CHECKPOINTS)}.")
-  model_kw, _, pp = clip.CHECKPOINTS[arg.name]
+  if arg.name not in releases.CLIP_CHECKPOINTS:
+    raise ValueError(f"Unknown CLIP checkpoint {arg.name!r}; known: {sorted(releases.CLIP_CHECKPOINTS)}.")
+  model_kw, _, pp = releases.CLIP_CHECKPOINTS[arg.name]
   res = model_kw.get("image_size", 224)
   c = common.base_config()
   c.model_name = "clip"

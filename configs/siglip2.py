@@ -12,14 +12,14 @@ prompts (+ "{}"), averaged and renormalised, times exp(t) plus b.
 import ml_collections
 
 from configs import common
+from fi_jax.models import releases
 
 
 def get_config(arg=None):
-  from fi_jax.models import two_towers  # pylint: disable=g-import-not-at-top
   arg = common.parse_arg(arg, release="siglip2_b16_224", ckpt="", tokenizer="", data_dir="",
                          ood="+".join(common.OOD_SETS), fit_per_class=0, odin=False,
                          preset="ninco", batch_size=256, templates="clip_paper")
-  rc = two_towers.release_config(arg.release)
+  rc = releases.siglip_release_config(arg.release)
   c = common.base_config()
   c.model_name = "two_towers"
   c.model_label = arg.release

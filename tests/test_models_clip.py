@@ -11,7 +11,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from fi_jax.models import checkpoints, clip, clip_tokenizer
+from fi_jax.models import checkpoints, clip, clip_tokenizer, zero_shot
 
 torch = pytest.importorskip("torch")
 open_clip = pytest.importorskip("open_clip")
@@ -297,7 +297,7 @@ def test_zero_shot_predictor_matches_open_clip(ref, images, tok):
 
 def test_openai_templates():
   pytest.importorskip("fi_jax.models.zero_shot")
-  temps = clip.openai_templates()
+  temps = zero_shot.openai_templates()
   assert len(temps) == 80 and "a bad photo of a {}." in temps and "{}" not in temps
 
 

@@ -10,7 +10,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from fi_jax.models import checkpoints, clip, dinov2
+from fi_jax.models import checkpoints, dinov2, posemb, releases
 
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
@@ -227,7 +227,7 @@ def test_bicubic_matches_torch_interpolate(n_in, n_out, aa, sf):
   kw = {"scale_factor": (sf, sf)} if sf else {"size": (n_out, n_out)}
   want = F.interpolate(torch.tensor(grid), mode="bicubic", antialias=aa, align_corners=False,
                        **kw).numpy()[0].transpose(1, 2, 0)
-  got = clip.resize_grid(jnp.asarray(grid[0].transpose(1, 2, 0)), (n_out, n_out), aa,
+  got = posemb.resize_grid(jnp.asarray(grid[0].transpose(1, 2, 0)), (n_out, n_out), aa,
                          (sf, sf) if sf else None)
   assert _diff(got, want) < 1e-5
 
@@ -256,7 +256,7 @@ def test_errors(timm_ckpt, tmp_path):
     dinov2.load(_init(with_head), official, {})
   with pytest.raises(ValueError, match="head_layers"):
     _init(_fi(reg, head_layers=2))
-  assert dinov2.checkpoint_url("B/14", True, "linear4_head").endswith(
+  assert releases.dinov2_checkpoint_url("B/14", True, "linear4_head").endswith(
       "dinov2_vitb14/dinov2_vitb14_reg4_linear4_head.pth")
 
 

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from fi_jax.models import checkpoints as ckpt
+from fi_jax.models import releases
+from fi_jax.models.convert import readers
 from fi_jax.models import two_towers
 
 W, DEPTH, MLP, HEADS, VOCAB, L, P, RES = 32, 2, 64, 4, 100, 16, 8, 32
@@ -101,7 +103,7 @@ def test_npz_layouts(tmp_path, layout, scan):
 def test_dict_init_files_and_posemb_resample(tmp_path):
   ref = _random_params(_model())
   path = str(tmp_path / "two.npz")
-  ckpt.save_npz(path, ref)
+  readers.save_npz(path, ref)
   model = _model()
   # Device arrays as init leaves (what a real `model.init` gives the pipeline).
   init48 = jax.tree.map(jnp.asarray, ckpt.recover_tree({
@@ -121,7 +123,7 @@ def test_dict_init_files_and_posemb_resample(tmp_path):
 def test_mismatch_errors_are_clear(tmp_path):
   ref = _random_params(_model(text_len=64))
   path = str(tmp_path / "webli_en_so400m_224_57633886.npz")
-  ckpt.save_npz(path, ref)
+  readers.save_npz(path, ref)
   with pytest.raises(ValueError, match=r"txt/pos_embedding.*\(1, 64, 32\).*\(1, 16, 32\).*"
                                        r"gs://big_vision/siglip/webli_en_so400m_224_57633886.npz"):
     two_towers.load(_init(_model()), path)
@@ -133,7 +135,7 @@ def test_release_configs_build_real_trees():
   for name, emb, seq, vocab in (("siglip2_b16_224", 768, 64, 256_000),
                                 ("siglip_so400m14_224", 1152, 16, 32_000),
                                 ("siglip2_g-opt16_256", 1536, 64, 256_000)):
-    cfg = two_towers.release_config(name)
+    cfg = releases.siglip_release_config(name)
     model = two_towers.Model(**cfg["model"])
     shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros(cfg["init_shape"]))["params"]
     assert shapes["txt"]["Embed_0"]["embedding"].shape[0] == vocab
@@ -220,14 +222,14 @@ def test_naflex_npz_as_fixed_resolution(tmp_path):
   naflex["img"]["embedding"]["kernel"] = naflex["img"]["embedding"]["kernel"].reshape(P * P * 3, W)
   naflex["img"]["pos_embedding"] = naflex["img"]["pos_embedding"].reshape(4, 4, W)
   path = str(tmp_path / "siglip2_b16_naflex.npz")
-  ckpt.save_npz(path, {"params": naflex})
+  readers.save_npz(path, {"params": naflex})
   params = two_towers.load(_init(model), path)
   images, texts = _inputs()
   for g, w in zip(_apply(model, params, images, texts)[:2], _apply(model, ref, images, texts)[:2]):
     np.testing.assert_allclose(g, w, atol=1e-5)
   # A coarser grid is resized (bilinear + antialias, as NaFlex does per image).
   naflex["img"]["pos_embedding"] = np.random.default_rng(0).normal(size=(6, 6, W)).astype(np.float32)
-  ckpt.save_npz(path, {"params": naflex})
+  readers.save_npz(path, {"params": naflex})
   params = two_towers.load(_init(model), path)
   want = jax.image.resize(naflex["img"]["pos_embedding"], (4, 4, W), "bilinear", antialias=True)
   np.testing.assert_allclose(params["img"]["pos_embedding"], np.asarray(want).reshape(1, 16, W), atol=1e-6)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fi_jax.models import checkpoints as ckpt
+from fi_jax.models.convert import readers
 from fi_jax.models import vit
 
 TINY = dict(patch_size=(8, 8), width=32, depth=2, mlp_dim=64, num_heads=4)
@@ -59,13 +60,13 @@ def test_scan_equals_unrolled(tmp_path):
   sinit = jax.eval_shape(smodel.init, jax.random.PRNGKey(1), jnp.zeros((1, 32, 32, 3)))["params"]
   assert sinit["Transformer"]["encoderblock"]["LayerNorm_0"]["scale"].shape == (2, 32)
   path = str(tmp_path / "unrolled.npz")
-  ckpt.save_npz(path, params)
+  readers.save_npz(path, params)
   sparams = vit.load(sinit, path)
   np.testing.assert_allclose(_apply(smodel, sparams, _images())[0],
                              _apply(model, params, _images())[0], atol=1e-5)
   # ...and back: a scanned file into the unrolled model.
   spath = str(tmp_path / "scanned.npz")
-  ckpt.save_npz(spath, sparams)
+  readers.save_npz(spath, sparams)
   back = vit.load(params, spath)
   for k, v in ckpt.flatten(params).items():
     np.testing.assert_array_equal(ckpt.flatten(back)[k], v)
@@ -110,7 +111,7 @@ def _pre_linen(params):
 def test_pre_linen_augreg_names(tmp_path):
   model, params = _init(num_classes=5, pool_type="tok")
   path = str(tmp_path / "augreg.npz")
-  ckpt.save_npz(path, _pre_linen(params))
+  readers.save_npz(path, _pre_linen(params))
   with np.load(path) as z:
     assert "Transformer/encoderblock_0/MlpBlock_3/Dense_1/kernel" in z.files
     assert z["Transformer/posembed_input/pos_embedding"].shape == (1, 17, 32)
@@ -122,7 +123,7 @@ def test_pre_linen_augreg_names(tmp_path):
 def test_posemb_resample_and_dont_load(tmp_path):
   _, params = _init(num_classes=5, pool_type="gap")
   path = str(tmp_path / "p.npz")
-  ckpt.save_npz(path, params)
+  readers.save_npz(path, params)
   model48, init48 = _init(res=48, num_classes=7, pool_type="gap")
   loaded = vit.load(init48, path, dont_load=["head/.*"])
   assert loaded["pos_embedding"].shape == (1, 36, 32)
@@ -139,7 +140,7 @@ def test_clear_errors(tmp_path):
     vit.load(params, "howto-i21k-B/16")
   _, other = _init(num_classes=5, pool_type="tok", mlp_dim=48)
   path = str(tmp_path / "vit_s16_i1k_300ep.npz")
-  ckpt.save_npz(path, other)
+  readers.save_npz(path, other)
   with pytest.raises(ValueError, match=r"MlpBlock_0/Dense_0/bias.*\(48,\).*\(64,\).*gs://big_vision/vit_s16_i1k_300ep.npz"):
     vit.load(params, path)
 
@@ -206,7 +207,7 @@ def test_safetensors_reader_bf16(tmp_path):
   t = torch.randn(3, 5).to(torch.bfloat16)
   path = str(tmp_path / "x.safetensors")
   save_file({"a": t, "b": torch.arange(4)}, path)
-  flat = ckpt.load_safetensors(path)
+  flat = readers.load_safetensors(path)
   np.testing.assert_array_equal(flat["a"].astype(np.float32), t.float().numpy())
   np.testing.assert_array_equal(flat["b"], np.arange(4))
   # A sharded HF directory: two files and the index.
@@ -216,6 +217,6 @@ def test_safetensors_reader_bf16(tmp_path):
   save_file({"b": torch.arange(4)}, str(d / "model-00002-of-00002.safetensors"))
   (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
       "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
-  assert ckpt.is_safetensors(str(d)) and not ckpt.is_safetensors(str(tmp_path / "x.npz"))
-  sharded = ckpt.load_safetensors(str(d))
+  assert readers.is_safetensors(str(d)) and not readers.is_safetensors(str(tmp_path / "x.npz"))
+  sharded = readers.load_safetensors(str(d))
   assert sorted(sharded) == ["a", "b"] and sharded["a"].dtype == ml_dtypes.bfloat16

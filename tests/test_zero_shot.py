@@ -114,7 +114,7 @@ def test_text_embedder_matches_model(tiny_siglip):
   model, params, spm_path = tiny_siglip
   tok = tokenizers.get_tokenizer("siglip", spm_path, max_len=16)
   texts = ["itap of a tench", "a photo of the small goldfish", "a origami hen"]
-  got = two_towers.text_embedder(model, params, tok, batch_size=2)(texts)
+  got = zero_shot.text_embedder(model, params, tok, batch_size=2)(texts)
   want = jax.jit(model.apply)({"params": params}, None, tok(texts))[1]
   np.testing.assert_allclose(got, want, atol=1e-5)
 

@@ -12,35 +12,17 @@ Conventions (docs/detectors.md#conventions):
 from __future__ import annotations
 
 import abc
-import dataclasses
-from typing import Any, ClassVar, Optional
+from typing import ClassVar, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import shared
+from fi_jax.outputs import Head, Outputs  # re-exported: detectors.core.Head / .Outputs
 
 HIGHEST = jax.lax.Precision.HIGHEST
 NEEDS = frozenset({"features", "logits", "labels", "head", "inputs"})
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Outputs:
-  """What a model produced for a set: penultimate features [N, D], logits [N, C], labels [N]
-  (int, -1 = unknown; or None). A field a detector does not need may be None."""
-  features: Any
-  logits: Any
-  labels: Optional[Any] = None
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Head:
-  """The classifier's last linear layer: logits = features @ w + b; w [D, C], b [C]."""
-  w: Any
-  b: Any
 
 
 # ----------------------------------------------------------------------------- numerics

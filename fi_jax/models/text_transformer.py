@@ -8,7 +8,6 @@ checkpoints), optional Dense `head`. `apply({'params': p}, tokens)` -> `(x, out)
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -16,7 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.models import checkpoints as ckpt
-from fi_jax.models import vit
+from fi_jax.models import releases, vit
+from fi_jax.models.convert import hf_siglip, readers
+from fi_jax.models.convert import torch_layers as tl
 
 
 class _Model(nn.Module):
@@ -77,24 +78,6 @@ def Model(num_classes: Optional[int] = None, *, variant: Optional[str] = None, *
 
 # ----------------------------------------------------------------------------- loading
 
-def from_hf_siglip_text(flat: Mapping[str, np.ndarray], num_heads: int, prefix: str = "text_model.",
-                        source: str = "HF checkpoint", hint: str = "") -> dict:
-  """HF transformers SigLIP / SigLIP 2 text tower -> big_vision text_transformer tree."""
-  get = vit.Tensors(flat, source, hint)
-  p = prefix
-  depth = vit.count_blocks(flat, rf"{re.escape(p)}encoder\.layers\.(\d+)\.")
-  enc = {f"encoderblock_{i}": vit.torch_block(get, f"{p}encoder.layers.{i}.", num_heads, vit.HF_BLOCK)
-         for i in range(depth)}
-  enc["encoder_norm"] = ckpt.torch_layernorm(get(f"{p}final_layer_norm.weight"),
-                                             get(f"{p}final_layer_norm.bias"))
-  tree = {"Embed_0": {"embedding": get(f"{p}embeddings.token_embedding.weight")},
-          "pos_embedding": get(f"{p}embeddings.position_embedding.weight")[None],
-          "Encoder_0": enc}
-  if f"{p}head.weight" in get:
-    tree["head"] = ckpt.torch_dense(get(f"{p}head.weight"), get(f"{p}head.bias"))
-  return tree
-
-
 def prepare(tree: dict, init_params: Mapping[str, Any]) -> dict:
   """Old-layout fixes and scan <-> unrolled to match init (big_vision's text loader does not
   convert layouts; doing it here lets any config read any file)."""
@@ -113,13 +96,13 @@ def load(init_params: Mapping[str, Any], init_file: str, model_cfg: Optional[Map
   """Loads a text tower: big_vision `.npz` (a two-tower file without ':txt' picks 'txt') or
   an HF SigLIP `model.safetensors`. The text length (pos_embedding) must match the init."""
   del model_cfg
-  path, hint = vit.resolve_vanity(init_file, vit.siglip_releases())
-  file, key = ckpt.split_subkey(path)
-  if ckpt.is_safetensors(file):
-    tree = from_hf_siglip_text(ckpt.load_safetensors(file, hint), vit.num_heads_of(init_params),
-                               source=file, hint=hint)
+  path, hint = releases.resolve_vanity(init_file, releases.SIGLIP_RELEASES)
+  file, key = readers.split_subkey(path)
+  if readers.is_safetensors(file):
+    tree = hf_siglip.text(readers.load_safetensors(file, hint), tl.num_heads(init_params),
+                          source=file, hint=hint)
   else:
-    tree = ckpt.load_params(path, hint)
+    tree = readers.load_params(path, hint)
     if not key and "txt" in tree and "Embed_0" not in tree:
       tree = tree["txt"]
   tree = prepare(tree, init_params)

@@ -11,8 +11,6 @@ families (CLIP, DINOv2) reuse them instead of re-implementing a transformer.
 """
 from __future__ import annotations
 
-import os
-import re
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -21,6 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.models import checkpoints as ckpt
+from fi_jax.models import posemb, releases
+from fi_jax.models.convert import hf_siglip, naflex, readers, timm_vit
+from fi_jax.models.convert import torch_layers as tl
 
 _VARIANTS = {
     # name: (width, depth, mlp_dim, num_heads), Table 2 of arXiv 2106.04560 + big_vision extras.
@@ -68,6 +69,12 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
   if name not in acts:
     raise ValueError(f"Unknown activation {name!r}; known: {sorted(acts)}.")
   return acts[name]
+
+
+def l2_normalize(z, eps: float = 1e-8):
+  """z / (|z| + eps) along the last axis; numpy in -> numpy out (in its dtype), else jax."""
+  xp = np if isinstance(z, np.ndarray) else jnp
+  return z / (xp.linalg.norm(z, axis=-1, keepdims=True) + eps)
 
 
 def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.,
@@ -330,53 +337,6 @@ def Model(num_classes: Optional[int] = None, *, variant: Optional[str] = None, *
 
 # ----------------------------------------------------------------------------- loading
 
-# big_vision's shortcut names (facts: the released files they stand for). A vanity name is looked
-# up as its file name in $FI_JAX_CHECKPOINT_DIR (default: the working directory); nothing is
-# downloaded.
-VANITY_NAMES = {
-    "howto-i21k-Ti/16": "gs://vit_models/augreg/Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0.npz",
-    "howto-i21k-S/32": "gs://vit_models/augreg/S_32-i21k-300ep-lr_0.001-aug_none-wd_0.1-do_0.0-sd_0.0.npz",
-    "howto-i21k-S/16": "gs://vit_models/augreg/S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0.npz",
-    "howto-i21k-B/32": "gs://vit_models/augreg/B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0.npz",
-    "howto-i21k-B/16": "gs://vit_models/augreg/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0.npz",
-    "howto-i21k-B/8": "gs://vit_models/augreg/B_8-i21k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0.npz",
-    "howto-i21k-L/16": "gs://vit_models/augreg/L_16-i21k-300ep-lr_0.001-aug_strong1-wd_0.1-do_0.0-sd_0.0.npz",
-    "i1k-s16-90ep": "gs://big_vision/vit_s16_i1k_90ep.npz",
-    "i1k-s16-150ep": "gs://big_vision/vit_s16_i1k_150ep.npz",
-    "i1k-s16-300ep": "gs://big_vision/vit_s16_i1k_300ep.npz",
-}
-
-CHECKPOINT_DIR_ENV = "FI_JAX_CHECKPOINT_DIR"
-
-
-def resolve_vanity(init_file: str, names: Mapping[str, str] = VANITY_NAMES) -> tuple[str, str]:
-  """(local path, download hint) for a path or a big_vision vanity name (+ optional ':sub/key')."""
-  base, sep, key = init_file.partition(":")
-  if base not in names:
-    return init_file, download_hint(init_file)
-  url = names[base]
-  local = os.path.join(os.environ.get(CHECKPOINT_DIR_ENV, "."), url.rsplit("/", 1)[1])
-  return local + sep + key, download_hint(url)
-
-
-def download_hint(path: str) -> str:
-  """Where to get a checkpoint (a known release name, else the usual places)."""
-  name = os.path.basename(ckpt.split_subkey(path)[0])
-  for url in list(VANITY_NAMES.values()) + list(siglip_releases().values()):
-    if url.endswith("/" + name):
-      return (f"Download it with `gsutil cp {url} .` (or https://storage.googleapis.com/"
-              f"{url[len('gs://'):]}) and pass the local path.")
-  return ("big_vision ViT checkpoints are at gs://big_vision/ (e.g. gs://big_vision/vit_s16_i1k_300ep.npz), "
-          "AugReg ones at gs://vit_models/augreg/, SigLIP at gs://big_vision/siglip/ and "
-          "gs://big_vision/siglip2/; timm / HF weights are the repo's model.safetensors.")
-
-
-def siglip_releases() -> Mapping[str, str]:
-  """SigLIP release names -> URLs (kept in two_towers.py; imported late to avoid a cycle)."""
-  from fi_jax.models import two_towers  # pylint: disable=g-import-not-at-top
-  return two_towers.RELEASES
-
-
 def fix_old_checkpoints(params: dict) -> dict:
   """Old big_vision / AugReg layouts -> current names (pre-Linen numbering, posemb location,
   cls slot folded into `cls`, inlined MAP head)."""
@@ -402,186 +362,28 @@ def fix_old_checkpoints(params: dict) -> dict:
   return params
 
 
-def num_heads_of(init_params: Mapping[str, Any]) -> int:
-  """Number of heads, read from the init tree (any attention query kernel, shape (..., H, D/H))."""
-  for name, leaf in ckpt.flatten(init_params).items():
-    if name.endswith("query/kernel"):
-      return int(np.shape(leaf)[-2])
-  raise ValueError("init_params has no attention layer; cannot infer num_heads.")
-
-
-def torch_block(get: "Tensors", p: str, num_heads: int, names: dict) -> dict:
-  """One pre-LN block from torch names under prefix `p` -> big_vision Encoder1DBlock params.
-
-  `names` gives the torch sub-names: ln1, ln2, fc1, fc2, out, and either qkv (fused) or q, k, v.
-  """
-  w = lambda n: get(f"{p}{n}.weight")
-  b = lambda n: get(f"{p}{n}.bias")
-  if "qkv" in names:
-    q, k, v = ckpt.split_fused(w(names["qkv"]), b(names["qkv"]))
-  else:
-    q, k, v = ((w(names[x]), b(names[x])) for x in "qkv")
-  block = {
-      "LayerNorm_0": ckpt.torch_layernorm(w(names["ln1"]), b(names["ln1"])),
-      "MultiHeadDotProductAttention_0": ckpt.torch_attention(
-          q, k, v, (w(names["out"]), b(names["out"])), num_heads),
-      "LayerNorm_1": ckpt.torch_layernorm(w(names["ln2"]), b(names["ln2"])),
-      "MlpBlock_0": {"Dense_0": ckpt.torch_dense(w(names["fc1"]), b(names["fc1"])),
-                     "Dense_1": ckpt.torch_dense(w(names["fc2"]), b(names["fc2"]))},
-  }
-  for i, ls in enumerate(names.get("ls", ())):
-    if f"{p}{ls}" in get:
-      block[f"LayerScale_{i}"] = {"scale": get(f"{p}{ls}")}
-  return block
-
-
-class Tensors:
-  """Flat torch-named tensors; `t(name)` returns one or raises a CheckpointError naming it."""
-
-  def __init__(self, flat: Mapping[str, np.ndarray], source: str, hint: str = ""):
-    self.flat, self.source, self.hint = flat, source, hint
-
-  def __contains__(self, name: str) -> bool:
-    return name in self.flat
-
-  def __call__(self, name: str) -> np.ndarray:
-    if name not in self.flat:
-      raise ckpt.CheckpointError(
-          f"{self.source}: expected tensor {name!r} is missing (the file has e.g. "
-          f"{sorted(self.flat)[:4]}). {self.hint}".strip())
-    return np.asarray(self.flat[name])
-
-
-def count_blocks(flat: Mapping[str, Any], pattern: str) -> int:
-  """Number of blocks in torch names: 1 + the largest index captured by `pattern`."""
-  ids = {int(m.group(1)) for k in flat for m in [re.match(pattern, k)] if m}
-  return max(ids) + 1 if ids else 0
-
-
-# torch sub-names of one transformer block (see `torch_block`).
-TIMM_BLOCK = dict(ln1="norm1", ln2="norm2", qkv="attn.qkv", out="attn.proj", fc1="mlp.fc1",
-                  fc2="mlp.fc2", ls=("ls1.gamma", "ls2.gamma"))
-HF_BLOCK = dict(ln1="layer_norm1", ln2="layer_norm2", q="self_attn.q_proj", k="self_attn.k_proj",
-                v="self_attn.v_proj", out="self_attn.out_proj", fc1="mlp.fc1", fc2="mlp.fc2")
-
-
-def from_timm(flat: Mapping[str, np.ndarray], num_heads: int, source: str = "timm checkpoint",
-              hint: str = "") -> dict:
-  """timm VisionTransformer state dict -> big_vision ViT tree (pos_embed keeps its cls slot;
-  `fix_old_checkpoints` folds it into `cls` like big_vision does for old files)."""
-  for unsupported in ("fc_norm.weight", "reg_token", "norm_pre.weight"):
-    if unsupported in flat:
-      raise ckpt.CheckpointError(
-          f"{source}: timm option {unsupported.split('.')[0]!r} has no big_vision equivalent "
-          "(use a timm ViT with class-token or MAP pooling, no registers, no pre-norm).")
-  get = Tensors(flat, source, hint)
-  names = TIMM_BLOCK
-  tree: dict = {"embedding": ckpt.torch_conv(get("patch_embed.proj.weight"),
-                                             get("patch_embed.proj.bias")),
-                "pos_embedding": get("pos_embed")}
-  if "cls_token" in flat:
-    tree["cls"] = get("cls_token")
-  enc = {f"encoderblock_{i}": torch_block(get, f"blocks.{i}.", num_heads, names)
-         for i in range(count_blocks(flat, r"blocks\.(\d+)\."))}
-  enc["encoder_norm"] = ckpt.torch_layernorm(get("norm.weight"), get("norm.bias"))
-  tree["Transformer"] = enc
-  if "attn_pool.latent" in flat:
-    k, v = ckpt.split_fused(get("attn_pool.kv.weight"), get("attn_pool.kv.bias"), 2)
-    tree["MAPHead_0"] = {
-        "probe": get("attn_pool.latent"),
-        "MultiHeadDotProductAttention_0": ckpt.torch_attention(
-            (get("attn_pool.q.weight"), get("attn_pool.q.bias")), k, v,
-            (get("attn_pool.proj.weight"), get("attn_pool.proj.bias")), num_heads),
-        "LayerNorm_0": ckpt.torch_layernorm(get("attn_pool.norm.weight"), get("attn_pool.norm.bias")),
-        "MlpBlock_0": {"Dense_0": ckpt.torch_dense(get("attn_pool.mlp.fc1.weight"),
-                                                   get("attn_pool.mlp.fc1.bias")),
-                       "Dense_1": ckpt.torch_dense(get("attn_pool.mlp.fc2.weight"),
-                                                   get("attn_pool.mlp.fc2.bias"))}}
-  if "head.weight" in flat:
-    tree["head"] = ckpt.torch_dense(get("head.weight"), get("head.bias"))
-  return tree
-
-
-def from_hf_siglip_vision(flat: Mapping[str, np.ndarray], num_heads: int, prefix: str = "vision_model.",
-                          source: str = "HF checkpoint", hint: str = "") -> dict:
-  """HF transformers SigLIP / SigLIP 2 vision tower -> big_vision ViT (MAP head) tree.
-
-  SigLIP 2 (NaFlex in transformers) comes out in big_vision's NaFlex layout: a Dense
-  `embedding` on (row, col, channel)-flattened patches and a (g, g, D) posemb grid, which
-  `from_naflex` turns into a fixed-resolution ViT on load.
-  """
-  get = Tensors(flat, source, hint)
-  p = prefix
-  w = get(f"{p}embeddings.patch_embedding.weight")
-  bias = get(f"{p}embeddings.patch_embedding.bias")
-  pe = get(f"{p}embeddings.position_embedding.weight")
-  if w.ndim == 4:
-    tree: dict = {"embedding": ckpt.torch_conv(w, bias), "pos_embedding": pe[None]}
-  else:  # SigLIP 2: Linear(P * P * 3 -> D) and a square grid of posembs
-    g = int(round(np.sqrt(pe.shape[0])))
-    tree = {"embedding": ckpt.torch_dense(w, bias), "pos_embedding": pe.reshape(g, g, -1)}
-  enc = {f"encoderblock_{i}": torch_block(get, f"{p}encoder.layers.{i}.", num_heads, HF_BLOCK)
-         for i in range(count_blocks(flat, rf"{re.escape(p)}encoder\.layers\.(\d+)\."))}
-  enc["encoder_norm"] = ckpt.torch_layernorm(get(f"{p}post_layernorm.weight"),
-                                             get(f"{p}post_layernorm.bias"))
-  tree["Transformer"] = enc
-  h = f"{p}head."
-  if f"{h}probe" in flat:
-    q, k, v = ckpt.split_fused(get(f"{h}attention.in_proj_weight"), get(f"{h}attention.in_proj_bias"))
-    tree["MAPHead_0"] = {
-        "probe": get(f"{h}probe"),
-        "MultiHeadDotProductAttention_0": ckpt.torch_attention(
-            q, k, v, (get(f"{h}attention.out_proj.weight"), get(f"{h}attention.out_proj.bias")),
-            num_heads),
-        "LayerNorm_0": ckpt.torch_layernorm(get(f"{h}layernorm.weight"), get(f"{h}layernorm.bias")),
-        "MlpBlock_0": {"Dense_0": ckpt.torch_dense(get(f"{h}mlp.fc1.weight"), get(f"{h}mlp.fc1.bias")),
-                       "Dense_1": ckpt.torch_dense(get(f"{h}mlp.fc2.weight"), get(f"{h}mlp.fc2.bias"))}}
-  return tree
-
-
-def from_safetensors(flat: Mapping[str, np.ndarray], num_heads: int, source: str, hint: str) -> dict:
+def _from_safetensors(flat: Mapping[str, np.ndarray], num_heads: int, source: str, hint: str) -> dict:
   """Detects the naming (timm ViT or HF SigLIP vision tower) and converts to big_vision."""
   if "patch_embed.proj.weight" in flat:
-    return from_timm(flat, num_heads, source, hint)
+    return timm_vit.vit(flat, num_heads, source, hint)
   for prefix in ("vision_model.", ""):
     if f"{prefix}embeddings.patch_embedding.weight" in flat:
-      return from_hf_siglip_vision(flat, num_heads, prefix, source, hint)
+      return hf_siglip.vision(flat, num_heads, prefix, source, hint)
   raise ckpt.CheckpointError(
       f"{source}: not a timm ViT (no 'patch_embed.proj.weight') nor an HF SigLIP vision tower "
       f"(no 'vision_model.embeddings.patch_embedding.weight'); first keys: {sorted(flat)[:5]}. {hint}")
 
 
-def from_naflex(tree: dict, init_params: Mapping[str, Any]) -> dict:
-  """A SigLIP 2 NaFlex image tower as a fixed-resolution ViT (exact when all patches are valid):
-  the Dense `embedding` on (row, col, channel)-flattened patches becomes the equivalent Conv
-  kernel, and the learned 2-D posemb grid is resized to the init's square grid the way NaFlex
-  does it per image (bilinear with antialias)."""
-  emb = tree.get("embedding", {})
-  init_emb = init_params.get("embedding", {})
-  if np.ndim(emb.get("kernel")) == 2 and len(np.shape(init_emb.get("kernel"))) == 4:
-    ph, pw, c, d = np.shape(init_emb["kernel"])
-    tree["embedding"] = {**emb, "kernel": np.asarray(emb["kernel"]).reshape(ph, pw, c, d)}
-  pe = tree.get("pos_embedding")
-  if pe is not None and np.ndim(pe) == 3 and np.shape(pe)[0] > 1 and "pos_embedding" in init_params:
-    n, d = np.shape(init_params["pos_embedding"])[1:]
-    g = int(round(np.sqrt(n)))
-    if g * g != n:
-      raise ckpt.CheckpointError(f"NaFlex posemb needs a square init grid, got {n} patches.")
-    grid = jax.image.resize(jnp.asarray(pe, jnp.float32), (g, g, d), "bilinear", antialias=True)
-    tree["pos_embedding"] = np.asarray(grid).reshape(1, n, d)
-  return tree
-
-
 def prepare(tree: dict, init_params: Mapping[str, Any]) -> dict:
   """Old-layout fixes, NaFlex -> fixed resolution, scan <-> unrolled to match init, posemb
   resampled to init's grid."""
-  tree = from_naflex(fix_old_checkpoints(tree), init_params)
+  tree = naflex.to_fixed_resolution(fix_old_checkpoints(tree), init_params)
   if "Transformer" in tree and "Transformer" in init_params:
     tree["Transformer"] = ckpt.match_scan(dict(tree["Transformer"]), init_params["Transformer"])
   if "pos_embedding" in tree and "pos_embedding" in init_params:
     new_shape = np.shape(init_params["pos_embedding"])
     if np.shape(tree["pos_embedding"]) != new_shape:
-      tree["pos_embedding"] = ckpt.resample_posemb(tree["pos_embedding"], new_shape)
+      tree["pos_embedding"] = posemb.resample_posemb(tree["pos_embedding"], new_shape)
   return tree
 
 
@@ -596,12 +398,14 @@ def load(init_params: Mapping[str, Any], init_file: str, model_cfg: Optional[Map
   resamples the posemb to the init resolution. `dont_load`: regexes of params kept from init.
   """
   del model_cfg  # the init tree says everything (as in big_vision)
-  path, hint = resolve_vanity(init_file, {**VANITY_NAMES, **siglip_releases()})
-  file, key = ckpt.split_subkey(path)
-  if ckpt.is_safetensors(file):
-    tree = from_safetensors(ckpt.load_safetensors(file, hint), num_heads_of(init_params), file, hint)
+  path, hint = releases.resolve_vanity(init_file, {**releases.VANITY_NAMES,
+                                                   **releases.SIGLIP_RELEASES})
+  file, key = readers.split_subkey(path)
+  if readers.is_safetensors(file):
+    tree = _from_safetensors(readers.load_safetensors(file, hint), tl.num_heads(init_params),
+                             file, hint)
   else:
-    tree = ckpt.load_params(path, hint)
+    tree = readers.load_params(path, hint)
     if not key and "img" in tree and "embedding" not in tree:
       tree = tree["img"]
   tree = prepare(tree, init_params)
