@@ -60,30 +60,31 @@ ARCHS: dict[str, dict] = {
     "resnext50d_32x4d": dict(depths=(3, 4, 6, 3), groups=32, width_per_group=4, **_D),
 }
 
-_TV_PP = "decode|resize_small({resize}, method='{interp}', antialias=True)|central_crop({crop})|{norm}"
+_PP = "decode|resize_small({resize}, method='{interp}', antialias=True)|central_crop({crop})|{norm}"
 _NORMS = {"imagenet": "vgg_value_range", "inception": "value_range(-1, 1)"}
 
 
-def _tv(tag: str, file: str, resize: int = 256, crop: int = 224, interp: str = "bilinear") -> dict:
+def tv_pretrained(tag: str, file: str, resize: int = 256, crop: int = 224, interp: str = "bilinear") -> dict:
   """A torchvision weights enum entry: Resize(resize) -> CenterCrop(crop), ImageNet mean/std."""
   return {f"torchvision/{tag}": dict(
       variant=tag.split(".")[0], source="torchvision", num_classes=1000, input_size=crop,
-      pp=_TV_PP.format(resize=resize, interp=interp, crop=crop, norm=_NORMS["imagenet"]),
+      pp=_PP.format(resize=resize, interp=interp, crop=crop, norm=_NORMS["imagenet"]),
       url=f"https://download.pytorch.org/models/{file}")}
 
 
-def _timm(tag: str, size: int, crop_pct: float, interp: str, num_classes: int = 1000,
+def timm_pretrained(tag: str, size: int, crop_pct: float, interp: str, num_classes: int = 1000,
           norm: str = "imagenet") -> dict:
   """A timm pretrained_cfg: Resize(floor(size / crop_pct)) -> CenterCrop(size)."""
   return {f"timm/{tag}": dict(
       variant=tag.split(".")[0], source="timm", num_classes=num_classes, input_size=size,
-      pp=_TV_PP.format(resize=math.floor(size / crop_pct), interp=interp, crop=size,
+      pp=_PP.format(resize=math.floor(size / crop_pct), interp=interp, crop=size,
                        norm=_NORMS[norm]),
       url=f"https://huggingface.co/timm/{tag}/resolve/main/model.safetensors")}
 
 
 # Published weights -> variant, eval transform (as a pp string), file. torchvision's are
 # also on the HF hub as timm/<arch>.tv_in1k / .tv2_in1k (the same tensors).
+_tv, _timm = tv_pretrained, timm_pretrained
 PRETRAINED: dict[str, dict] = {
     **_tv("resnet18.IMAGENET1K_V1", "resnet18-f37072fd.pth"),
     **_tv("resnet34.IMAGENET1K_V1", "resnet34-b627a593.pth"),
