@@ -7,14 +7,17 @@ on logits and pre_logits at two input sizes (80 px makes odd feature maps, exerc
 ceil-mode average-pool shortcut). The full-size key sets and shapes are checked on the meta
 device.
 """
+import functools
+
 import numpy as np
 import pytest
 
 import jax
 import jax.numpy as jnp
 
-from fi_jax.models import checkpoints, resnet
+from fi_jax.models import checkpoints, resnet, resnetv2
 from fi_jax.models.convert import resnet as convert_resnet
+from fi_jax.models.convert import resnetv2 as convert_resnetv2
 
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
@@ -234,3 +237,76 @@ def test_resnet_pretrained_table():
   assert resnet.PRETRAINED["torchvision/resnet50.IMAGENET1K_V2"]["pp"] == (
       "decode|resize_small(232, method='bilinear', antialias=True)|central_crop(224)|"
       "vgg_value_range")
+
+
+# ----------------------------------------------------------------------------- BiT ResNetV2
+
+# timm's _create_resnetv2_bit arguments (stem_type='fixed', StdConv2d eps=1e-8) with a small
+# depth / width; GroupNorm keeps its 32 groups (channels 128 / 256 after width_factor 2).
+BIT_SMALL = dict(layers=[1, 2, 1, 1], channels=(64, 64, 128, 128), width_factor=2, stem_chs=16)
+
+
+@pytest.fixture(scope="module")
+def bit_case(tmp_path_factory):
+  from timm.layers import StdConv2d   # pylint: disable=g-import-not-at-top
+  from timm.models.resnetv2 import ResNetV2   # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  ref = perturb(ResNetV2(num_classes=NUM_CLASSES, stem_type="fixed",
+                         conv_layer=functools.partial(StdConv2d, eps=1e-8), **BIT_SMALL))
+  path = save(ref, tmp_path_factory.mktemp("bit") / "model.safetensors")
+  model = resnetv2.Model(NUM_CLASSES, variant="resnetv2_50x1_bit", depths=(1, 2, 1, 1),
+                         channels=(64, 64, 128, 128), width_factor=2, stem_width=16)
+  return ref, model, resnetv2.load(init_shapes(model), path), path
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_bit_matches_timm(bit_case, size):
+  ref, model, params, _ = bit_case
+  assert_matches(model, params, ref, size)
+
+
+def test_bit_bfloat16(bit_case):
+  ref, model, params, _ = bit_case
+  x = images(64)
+  logits, out = jax.jit(model.clone(dtype="bfloat16").apply)({"params": params}, x)
+  want, want_pre = torch_forward(ref, x, True)
+  assert logits.dtype == jnp.float32 and out["pre_logits"].dtype == jnp.float32
+  assert max_diff(logits, want) < 0.05 * float(np.max(np.abs(want))) + 0.05
+  assert max_diff(out["pre_logits"], want_pre) < 0.05 * float(np.max(np.abs(want_pre))) + 0.05
+
+
+@pytest.mark.parametrize("edit", ["missing", "shape"])
+def test_bit_bad_checkpoint(bit_case, edit, tmp_path):
+  ref, model, _, _ = bit_case
+  sd = {k: v.clone().contiguous() for k, v in ref.state_dict().items()}
+  if edit == "missing":
+    del sd["stages.1.blocks.0.downsample.conv.weight"]
+    want = "stage1_0/downsample_conv/kernel"
+  else:
+    sd["head.fc.weight"] = torch.zeros(NUM_CLASSES + 1, 256, 1, 1)
+    want = "head/kernel"
+  path = str(tmp_path / "bad.safetensors")
+  safetensors_torch.save_file(sd, path)
+  with pytest.raises(checkpoints.CheckpointError, match=want):
+    resnetv2.load(init_shapes(model), path)
+
+
+def test_bit_full_size_keys():
+  """resnetv2_50x1_bit as timm builds it: key names / shapes, and the eps / stem the Flax
+  defaults assume."""
+  with torch.device("meta"):
+    ref = timm.create_model("resnetv2_50x1_bit", pretrained=False)
+  model = resnetv2.Model(1000, variant="resnetv2_50x1_bit")
+  assert ref.stem.conv.eps == model.ws_eps and ref.norm.eps == model.gn_eps
+  assert ref.norm.num_groups == model.groups and "pad" in dict(ref.stem.named_children())
+  flat = convert_resnetv2.convert(meta_state_dict(ref), source="resnetv2_50x1_bit")
+  assert flat_shapes(flat) == flat_shapes(init_shapes(model, 224))
+
+
+def test_bit_pretrained_table():
+  for tag, cfg in resnetv2.PRETRAINED.items():
+    assert cfg["variant"] in resnetv2.ARCHS and cfg["source"] == "timm", tag
+  cfg = resnetv2.PRETRAINED["timm/resnetv2_50x1_bit.goog_in21k_ft_in1k"]
+  assert cfg["input_size"] == 448 and cfg["pp"] == (
+      "decode|resize_small(448, method='bilinear', antialias=True)|central_crop(448)|"
+      "value_range(-1, 1)")
