@@ -41,6 +41,8 @@ def _perturb(m):
         mod.running_var.copy_(0.5 + torch.rand(mod.running_var.shape, generator=g))
       elif isinstance(mod, (torch.nn.Linear, torch.nn.Conv2d)) and mod.bias is not None:
         mod.bias.copy_(0.2 * rnd(mod.bias))
+      if isinstance(mod, torch.nn.Linear):   # torchvision inits fc with std 0.01: tiny logits
+        mod.weight.copy_(rnd(mod.weight) / mod.in_features ** 0.5)
   return m.eval()
 
 

@@ -185,13 +185,13 @@ def test_resnet_bfloat16(tmp_path_factory):
 
 
 def test_resnet_without_head_drops_fc(tmp_path_factory):
-  ref, model, params, path = _resnet_case("tv", "basic", tmp_path_factory)
-  headless = model.clone(num_classes=None)
-  p = resnet.load(init_shapes(headless), path)
-  assert "head" not in p
-  x = images(64)
-  feats, _ = jax.jit(headless.apply)({"params": p}, x)
-  assert max_diff(feats, torch_forward(ref, x, False)[1]) < TOL
+  """num_classes=None loads a classifier file without its fc, the rest unchanged."""
+  _, model, params, path = _resnet_case("tv", "basic", tmp_path_factory)
+  p = resnet.load(init_shapes(model.clone(num_classes=None)), path)
+  want = {k: v for k, v in checkpoints.flatten(params).items() if not k.startswith("head/")}
+  got = checkpoints.flatten(p)
+  assert sorted(got) == sorted(want)
+  assert all(np.array_equal(got[k], want[k]) for k in want)
 
 
 @pytest.mark.parametrize("edit", ["missing", "shape", "unexpected"])
@@ -265,6 +265,7 @@ def test_bit_matches_timm(bit_case, size):
   assert_matches(model, params, ref, size)
 
 
+@pytest.mark.slow   # bf16 convs compile slowly on CPU; test_resnet_bfloat16 covers the path
 def test_bit_bfloat16(bit_case):
   ref, model, params, _ = bit_case
   x = images(64)

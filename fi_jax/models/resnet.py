@@ -64,7 +64,8 @@ _PP = "decode|resize_small({resize}, method='{interp}', antialias=True)|central_
 _NORMS = {"imagenet": "vgg_value_range", "inception": "value_range(-1, 1)"}
 
 
-def tv_pretrained(tag: str, file: str, resize: int = 256, crop: int = 224, interp: str = "bilinear") -> dict:
+def tv_pretrained(tag: str, file: str, resize: int = 256, crop: int = 224,
+                  interp: str = "bilinear") -> dict:
   """A torchvision weights enum entry: Resize(resize) -> CenterCrop(crop), ImageNet mean/std."""
   return {f"torchvision/{tag}": dict(
       variant=tag.split(".")[0], source="torchvision", num_classes=1000, input_size=crop,
@@ -73,12 +74,12 @@ def tv_pretrained(tag: str, file: str, resize: int = 256, crop: int = 224, inter
 
 
 def timm_pretrained(tag: str, size: int, crop_pct: float, interp: str, num_classes: int = 1000,
-          norm: str = "imagenet") -> dict:
+                    norm: str = "imagenet") -> dict:
   """A timm pretrained_cfg: Resize(floor(size / crop_pct)) -> CenterCrop(size)."""
   return {f"timm/{tag}": dict(
       variant=tag.split(".")[0], source="timm", num_classes=num_classes, input_size=size,
       pp=_PP.format(resize=math.floor(size / crop_pct), interp=interp, crop=size,
-                       norm=_NORMS[norm]),
+                    norm=_NORMS[norm]),
       url=f"https://huggingface.co/timm/{tag}/resolve/main/model.safetensors")}
 
 

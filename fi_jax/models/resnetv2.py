@@ -130,7 +130,9 @@ class PreActBottleneck(nn.Module):
     norm = functools.partial(GroupNormAct, self.groups, self.gn_eps)
     mid = make_divisible(self.features * self.bottle_ratio)
     x_pre = norm(name="norm1")(x)
-    shortcut = conv(self.features, 1, self.stride, name="downsample_conv")(x_pre) if self.proj else x
+    shortcut = x
+    if self.proj:
+      shortcut = conv(self.features, 1, self.stride, name="downsample_conv")(x_pre)
     y = norm(name="norm2")(conv(mid, 1, name="conv1")(x_pre))
     y = norm(name="norm3")(conv(mid, 3, self.stride, name="conv2")(y))
     return conv(self.features, 1, name="conv3")(y) + shortcut
