@@ -47,7 +47,7 @@ def apply(sd: Mapping[str, np.ndarray], spec: Mapping[str, tuple[str, Transform]
   """Params on `init_params`' tree from `sd` via `spec` {flax path: (torch key, transform)}.
 
   `buffers`: torch buffers the file may hold that the model derives itself (e.g. Swin's
-  relative_position_index): when present they must equal the derived value. `skip`: torch keys
+  relative_position_index): when present they must hold the derived values (in any shape). `skip`: torch keys
   dropped silently (e.g. a classifier the model was built without). Raises one CheckpointError
   naming the torch key and `source` on a missing, wrong-shaped, mismatching or unexpected key.
   """
@@ -70,8 +70,9 @@ def apply(sd: Mapping[str, np.ndarray], spec: Mapping[str, tuple[str, Transform]
           f"config?{tail}")
     out[path] = a.astype(init_flat[path].dtype)
   for key, want in (buffers or {}).items():
-    if key in sd and (np.shape(sd[key]) != np.shape(want)
-                      or not np.allclose(np.asarray(sd[key], np.float64), want, atol=1e-6)):
+    have = np.asarray(sd[key], np.float64).reshape(-1) if key in sd else None
+    if have is not None and (have.size != np.size(want) or not np.allclose(
+        have, np.asarray(want, np.float64).reshape(-1), atol=1e-6)):
       raise checkpoints.CheckpointError(
           f"{source}: buffer {key!r} (shape {tuple(np.shape(sd[key]))}) differs from the one "
           f"this model derives (shape {tuple(np.shape(want))}): the checkpoint was built with "
