@@ -112,14 +112,15 @@ def test_source_from_config_and_headless(ckpts):
 
 
 def test_bfloat16(ckpts):
-  _, path = ckpts["timm"]
+  ref, path = ckpts["timm"]
   x = np.random.default_rng(0).normal(size=(2, 64, 64, 3)).astype(np.float32)
-  f32, bf = _fi(), _fi(dtype="bfloat16")
-  params = convnext.load(_init(f32, 64), path)
-  want, _ = f32.apply({"params": params}, x)
-  got, out = bf.apply({"params": params}, x)
+  bf = _fi(dtype="bfloat16")
+  params = convnext.load(_init(bf, 64), path)
+  got, out = jax.jit(bf.apply)({"params": params}, x)
+  want, want_pre = _reference(ref, x, "timm")
   assert got.dtype == jnp.float32 and out["pre_logits"].dtype == jnp.float32
   np.testing.assert_allclose(got, want, atol=0.1 * float(np.abs(want).max()))
+  np.testing.assert_allclose(out["pre_logits"], want_pre, atol=0.1 * float(np.abs(want_pre).max()))
 
 
 def test_errors(ckpts, tmp_path):
@@ -149,7 +150,8 @@ def _meta_sd(build):
     return {k: tuple(v.shape) for k, v in build().state_dict().items()}
 
 
-@pytest.mark.parametrize("variant", ["convnext_tiny", "convnext_large"])
+@pytest.mark.parametrize("variant", ["convnext_tiny",
+                                     pytest.param("convnext_large", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("source", ["torchvision", "timm"])
 def test_full_size_layout(variant, source):
   """Every key / shape of the real architecture is what the converter expects, and no more."""

@@ -88,9 +88,13 @@ def _forward(m, x_nhwc, source):
 
 
 # (source, version, img_size the model is built for, input size). torchvision accepts any
-# size (it pads); timm is built for img_size and run at it and at one other size.
-CASES = [(s, v, None, r) for s in ("torchvision",) for v in (1, 2) for r in (64, 72, 100)] + [
-    ("timm", v, img, r) for v in (1, 2) for img, r in ((64, 64), (72, 72), (64, 96))]
+# size (it pads); timm is built for img_size and run at it and at one other size. One case per
+# (source, version) runs by default, the rest are marked slow (each costs a compile).
+_FAST = {("torchvision", 1, None, 72), ("torchvision", 2, None, 100), ("timm", 1, 72, 72),
+         ("timm", 2, 64, 96)}
+CASES = [pytest.param(*c, marks=() if c in _FAST else pytest.mark.slow) for c in
+         [(s, v, None, r) for s in ("torchvision",) for v in (1, 2) for r in (64, 72, 100)]
+         + [("timm", v, img, r) for v in (1, 2) for img, r in ((64, 64), (72, 72), (64, 96))]]
 
 
 @pytest.mark.parametrize("source,version,img,res", CASES)
@@ -143,12 +147,13 @@ def test_bfloat16(tmp_path):
   ref = _reference("timm", 2)
   path = _save(ref, str(tmp_path / "m.safetensors"), "timm")
   x = np.random.default_rng(0).normal(size=(2, 64, 64, 3)).astype(np.float32)
-  f32, bf = _fi("timm", 2, img_size=64), _fi("timm", 2, img_size=64, dtype="bfloat16")
-  params = swin.load(_init(f32, 64), path)
-  want, _ = f32.apply({"params": params}, x)
-  got, out = bf.apply({"params": params}, x)
+  bf = _fi("timm", 2, img_size=64, dtype="bfloat16")
+  params = swin.load(_init(bf, 64), path)
+  got, out = jax.jit(bf.apply)({"params": params}, x)
+  want, want_pre = _forward(ref, x, "timm")
   assert got.dtype == jnp.float32 and out["pre_logits"].dtype == jnp.float32
   np.testing.assert_allclose(got, want, atol=0.1 * float(np.abs(want).max()))
+  np.testing.assert_allclose(out["pre_logits"], want_pre, atol=0.1 * float(np.abs(want_pre).max()))
 
 
 def test_errors_and_headless(tmp_path):
@@ -184,7 +189,7 @@ def _meta_shapes(build):
 @pytest.mark.parametrize("variant,source", [
     ("swin_t", "torchvision"), ("swin_v2_t", "torchvision"),
     ("swin_tiny_patch4_window7_224", "timm"), ("swinv2_tiny_window8_256", "timm"),
-    ("swinv2_base_window12to16_192to256", "timm")])
+    pytest.param("swinv2_base_window12to16_192to256", "timm", marks=pytest.mark.slow)])
 def test_full_size_layout(variant, source):
   """Every key / shape of the real architecture is what the converter expects, and no more
   (torchvision's stored position buffers included; their values are checked in the
