@@ -148,7 +148,9 @@ def _arch(variant: str) -> dict:
 
 
 def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> _Model:  # pylint: disable=invalid-name
-  """`Model(1000, variant="convnext_tiny")`; `kw` overrides ARCHS (depths, dims, dtype...)."""
+  """`Model(1000, variant="convnext_tiny")`; `kw` overrides ARCHS (depths, dims, dtype...).
+  A `source` key (which layout `load` reads) is accepted and ignored: both compute the same."""
+  kw.pop("source", None)
   return _Model(num_classes, **{**_arch(variant), **kw})
 
 
