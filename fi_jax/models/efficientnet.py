@@ -27,7 +27,6 @@ from typing import Any, Mapping, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fi_jax.models import checkpoints
 from fi_jax.models import clip as torch_port   # read_state_dict (moving to convert.readers)
