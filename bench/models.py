@@ -18,22 +18,13 @@ import tempfile
 import time
 from typing import Callable
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)                          # fi_jax
+sys.path.insert(1, os.path.join(_ROOT, "tests"))   # torchvision_shim
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
-
-
-def torchvision_shim() -> None:
-  """PyPI torchvision is CUDA-linked; register its two op schemas so timm imports on CPU torch."""
-  import torch  # pylint: disable=g-import-not-at-top
-  try:
-    torch.ops.torchvision.nms  # pylint: disable=pointless-statement
-  except (AttributeError, RuntimeError):
-    lib = torch.library.Library("torchvision", "DEF")
-    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    torchvision_shim.lib = lib  # keep the registration alive
+import torchvision_shim  # noqa: E402
 
 
 def alternate(fns: dict[str, Callable[[], np.ndarray]], repeats: int) -> dict[str, float]:
@@ -57,7 +48,7 @@ def vit_b16(args) -> list[dict]:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
-  torchvision_shim()
+  torchvision_shim.install()
   from timm.models import vision_transformer as tv  # pylint: disable=g-import-not-at-top
   from fi_jax.models import vit  # pylint: disable=g-import-not-at-top
 
@@ -95,7 +86,7 @@ def clip_b16(args) -> list[dict]:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
-  torchvision_shim()
+  torchvision_shim.install()
   import open_clip  # pylint: disable=g-import-not-at-top
   from fi_jax.models import clip  # pylint: disable=g-import-not-at-top
 

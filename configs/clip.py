@@ -16,9 +16,7 @@ from fi_jax.models import releases
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, name="openai-B/16", ckpt="", vocab="", data_dir="",
-                         ood="+".join(common.OOD_SETS), fit_per_class=0, odin=False,
-                         preset="ninco", batch_size=256)
+  arg = common.parse_arg(arg, name="openai-B/16", ckpt="", vocab="", **common.IMAGENET_ARGS)
   if arg.name not in releases.CLIP_CHECKPOINTS:
     raise ValueError(f"Unknown CLIP checkpoint {arg.name!r}; known: {sorted(releases.CLIP_CHECKPOINTS)}.")
   model_kw, _, pp = releases.CLIP_CHECKPOINTS[arg.name]
@@ -34,9 +32,4 @@ def get_config(arg=None):
   c.zero_shot = ml_collections.ConfigDict(dict(batch_size=256))
   if arg.vocab:
     c.zero_shot.vocab_path = arg.vocab
-  c.batch_size = arg.batch_size
-  common.imagenet_sets(c, data_dir=arg.data_dir, ood_sets=tuple(arg.ood.split("+")),
-                       fit_per_class=arg.fit_per_class)
-  c.detectors = common.posthoc_detectors(arg.odin)
-  c.detector_preset = arg.preset
-  return c
+  return common.imagenet_benchmark(c, arg)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from fi_jax import detectors
+
 # The detectors that need only logits/features of a classifier and fit in seconds; configs
 # extend this list (see fi_jax.detectors.names() for all).
 LOGIT_DETECTORS = ("msp", "maxlogit", "energy")
@@ -10,7 +12,6 @@ LOGIT_DETECTORS = ("msp", "maxlogit", "energy")
 
 def posthoc_detectors(odin: bool = False) -> tuple[str, ...]:
   """Every registered detector; ODIN (three passes through the network) only on request."""
-  from fi_jax import detectors  # pylint: disable=g-import-not-at-top
   return tuple(n for n in detectors.names() if odin or n != "odin")
 
 
@@ -66,6 +67,12 @@ def base_config() -> ml_collections.ConfigDict:
 OOD_SETS = ("fi_imagenet_1k", "ninco", "ssb_hard", "inaturalist_ood", "openimage_o",
             "textures_ood")
 
+# The config args (`--config=configs/x.py:k=v,...`) every ImageNet benchmark config takes,
+# read by `imagenet_benchmark`: where the TFDS sets are, which OOD sets ('+'-separated), images
+# per class of the fit set (0 = all), ODIN on/off, the detector preset, the global batch size.
+IMAGENET_ARGS = dict(data_dir="", ood="+".join(OOD_SETS), fit_per_class=0, odin=False,
+                     preset="ninco", batch_size=256)
+
 
 def imagenet_sets(c: ml_collections.ConfigDict, *, data_dir: str = "", ood_sets=OOD_SETS,
                   fit_split: str = "train", fit_per_class: int = 0) -> None:
@@ -88,3 +95,14 @@ def imagenet_sets(c: ml_collections.ConfigDict, *, data_dir: str = "", ood_sets=
       specs[name] = dict(source="tfds", name=name, split="test", data_dir=dd, label_key=None,
                          group_key="ood_class_id")
   c.ood = ml_collections.ConfigDict(specs)
+
+
+def imagenet_benchmark(c: ml_collections.ConfigDict, arg) -> ml_collections.ConfigDict:
+  """The part every ImageNet benchmark config shares: batch size, the sets
+  (`imagenet_sets`) and the post-hoc detectors, from the `IMAGENET_ARGS` in `arg`."""
+  c.batch_size = arg.batch_size
+  imagenet_sets(c, data_dir=arg.data_dir, ood_sets=tuple(arg.ood.split("+")),
+                fit_per_class=arg.fit_per_class)
+  c.detectors = posthoc_detectors(arg.odin)
+  c.detector_preset = arg.preset
+  return c

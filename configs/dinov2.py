@@ -17,8 +17,7 @@ from fi_jax.models import releases
 
 def get_config(arg=None):
   arg = common.parse_arg(arg, variant="B/14", registers=0, layers=4, ckpt="", head="",
-                         data_dir="", ood="+".join(common.OOD_SETS), fit_per_class=0,
-                         odin=False, preset="ninco", batch_size=256)
+                         **common.IMAGENET_ARGS)
   c = common.base_config()
   c.model_name = "dinov2"
   c.model_label = f"dinov2-{arg.variant}" + ("-reg" if arg.registers else "")
@@ -30,9 +29,4 @@ def get_config(arg=None):
   c.init_shape = (1, 224, 224, 3)
   c.pp = releases.DINOV2_PP
   c.input_std = preprocess.IMAGENET_STD
-  c.batch_size = arg.batch_size
-  common.imagenet_sets(c, data_dir=arg.data_dir, ood_sets=tuple(arg.ood.split("+")),
-                       fit_per_class=arg.fit_per_class)
-  c.detectors = common.posthoc_detectors(arg.odin)
-  c.detector_preset = arg.preset
-  return c
+  return common.imagenet_benchmark(c, arg)

@@ -16,9 +16,8 @@ from fi_jax.models import releases
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, release="siglip2_b16_224", ckpt="", tokenizer="", data_dir="",
-                         ood="+".join(common.OOD_SETS), fit_per_class=0, odin=False,
-                         preset="ninco", batch_size=256, templates="clip_paper")
+  arg = common.parse_arg(arg, release="siglip2_b16_224", ckpt="", tokenizer="",
+                         templates="clip_paper", **common.IMAGENET_ARGS)
   rc = releases.siglip_release_config(arg.release)
   c = common.base_config()
   c.model_name = "two_towers"
@@ -30,9 +29,4 @@ def get_config(arg=None):
   c.zero_shot = ml_collections.ConfigDict(dict(
       tokenizer=arg.tokenizer, tokenizer_kind=rc["tokenizer"], templates=arg.templates,
       batch_size=256))
-  c.batch_size = arg.batch_size
-  common.imagenet_sets(c, data_dir=arg.data_dir, ood_sets=tuple(arg.ood.split("+")),
-                       fit_per_class=arg.fit_per_class)
-  c.detectors = common.posthoc_detectors(arg.odin)
-  c.detector_preset = arg.preset
-  return c
+  return common.imagenet_benchmark(c, arg)

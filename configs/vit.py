@@ -15,9 +15,8 @@ from configs import common
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, ckpt="", variant="B/16", pool="tok", res=224, data_dir="",
-                         ood="+".join(common.OOD_SETS), fit_per_class=0, odin=False,
-                         preset="ninco", batch_size=256, rep_size=0, timm_gelu=False)
+  arg = common.parse_arg(arg, ckpt="", variant="B/16", pool="tok", res=224, rep_size=0,
+                         timm_gelu=False, **common.IMAGENET_ARGS)
   c = common.base_config()
   c.model_name = "vit"
   c.model_label = f"vit-{arg.variant}"
@@ -28,9 +27,4 @@ def get_config(arg=None):
   c.init_shape = (1, arg.res, arg.res, 3)
   # vit_jax / AugReg evaluation: squash resize to the resolution, values in [-1, 1].
   c.pp = f"decode|resize({arg.res})|value_range(-1, 1)"
-  c.batch_size = arg.batch_size
-  common.imagenet_sets(c, data_dir=arg.data_dir, ood_sets=tuple(arg.ood.split("+")),
-                       fit_per_class=arg.fit_per_class)
-  c.detectors = common.posthoc_detectors(arg.odin)
-  c.detector_preset = arg.preset
-  return c
+  return common.imagenet_benchmark(c, arg)

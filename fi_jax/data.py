@@ -50,6 +50,7 @@ def load_digits_split(split: str, classes, *, test_fraction: float = 0.3, seed: 
   (default: `classes`) or -1 when it is not an ID class; `group` is the digit itself.
   Images are float32 [N, 8, 8, 1] with values in [0, 16].
   """
+  # heavy (seconds: scipy, ...), and only the demo's digits need it
   from sklearn import datasets as skd  # pylint: disable=g-import-not-at-top
   if split not in ("train", "test", "all"):
     raise ValueError(f"digits split must be 'train', 'test' or 'all', got {split!r}.")
@@ -90,7 +91,7 @@ def _array_source(arrays: dict[str, np.ndarray], process_index: int, process_cou
 
 def _tfds_source(spec: dict, process_index: int, process_count: int):
   tf = _tf()
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (heavy; TFDS sets only)
   name, split = spec["name"], spec.get("split", "test")
   data_dir = spec.get("data_dir") or None   # "" in configs = TFDS default
   try:
@@ -119,6 +120,7 @@ def _tfds_source(spec: dict, process_index: int, process_count: int):
     # The first `per_class` examples of each class in stored order (a fixed pseudo-random
     # sample), chosen on the whole split so that it is n per class in total, then shared
     # round-robin between the processes.
+    # the package registers every builder with TFDS on import (heavy; per_class only)
     from tfds_fi_imagenet import subsets  # pylint: disable=g-import-not-at-top
     if not num_classes:
       raise ValueError(f"per_class needs a ClassLabel {label_key!r} in {name}.")

@@ -10,7 +10,6 @@ import time
 from typing import Callable, Iterable, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fi_jax import distributed
@@ -55,7 +54,3 @@ def extract(predict_fn: PredictFn, params, batches: Iterable[dict[str, np.ndarra
   order = np.argsort(arrays.pop("_id"), kind="stable")
   return {k: v[order] for k, v in arrays.items()}
 
-
-def head_logits(features: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
-  """Logits of a linear head, at highest precision (TF32 on GPUs would change rankings)."""
-  return jnp.dot(features, w, precision=jax.lax.Precision.HIGHEST) + b

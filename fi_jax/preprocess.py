@@ -4,7 +4,10 @@ A pp string chains ops with '|', e.g. ``"decode|resize_small(256)|central_crop(2
 Each op maps an example dict to an example dict and acts on ``key`` (default ``"image"``).
 The op semantics follow big_vision's `pp/ops_image.py` / `ops_general.py` so that a config
 copied from big_vision produces the same pixels; CLIP / DINOv2 use `normalize` with their
-mean and std. Which string each checkpoint family expects is in configs/common.py.
+mean and std. The string each checkpoint family expects is `config.pp` of its config:
+written out in configs/vit.py; the other configs take it from the model module
+(`fi_jax.models.dinov2.PP`, the `CHECKPOINTS` table in fi_jax/models/clip.py,
+`fi_jax.models.two_towers.release_config`).
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The one pipeline: sets -> extract -> detectors -> metrics -> report.
+"""The benchmark run: config -> model -> sets -> extract -> detectors -> metrics -> report.
 
-`run(config, workdir)` is what `main.py` calls. Stages talk through plain arrays:
+`run(config, workdir)` is what `main.py` calls. The stages (sets, extraction, detectors,
+metric rows) are fi_jax/pipeline.py, shared with the big_vision evaluator; this module adds
+what a benchmark run needs around them:
   1. model: `fi_jax.models.<config.model_name>` builds `Model(**config.model)`, loads
      `config.model_init` (or trains on `config.train`, the demo), and gives a predictor
      images -> (logits, penultimate features) plus the classifier `Head`;
@@ -14,18 +16,17 @@
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import platform
 import time
-import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax import cache, data, distributed, extract, report
+from fi_jax import (cache, data, detectors, distributed, pipeline, preprocess, report,
+                    train)
 
 Log = Callable[[str], None]
 
@@ -53,7 +54,6 @@ def model_module(name: str):
 
 def default_predictor(model, params, config):
   """Classifier models: logits from the model, features = out['pre_logits'], its linear head."""
-  from fi_jax import detectors  # pylint: disable=g-import-not-at-top
 
   def predict(p, images):
     logits, out = model.apply({"params": p}, images)
@@ -91,7 +91,6 @@ def build_model(config, log: Log):
     images = preprocess_arrays(config.pp, arrays["image"])
     t = time.time()
     log(f"Training {config.model_name} on {len(images)} ID images ({tcfg['steps']} steps).")
-    from fi_jax import train  # pylint: disable=g-import-not-at-top
     params = train.train_classifier(model, params, images, arrays["label"], seed=config.seed,
                                     log=log, **tcfg)
     meta["train_seconds"] = round(time.time() - t, 2)
@@ -103,8 +102,7 @@ def build_model(config, log: Log):
 
 def preprocess_arrays(pp: str, images: np.ndarray) -> np.ndarray:
   """Applies a pp string to in-memory images (the trainer sees exactly what extraction sees)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from fi_jax import preprocess  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy, ~6 s: only the demo trains)
   fn = preprocess.get_preprocess_fn(pp)
   ds = tf.data.Dataset.from_tensor_slices({"image": images}).map(fn).batch(4096)
   return np.concatenate([b["image"] for b in ds.as_numpy_iterator()]).astype(np.float32)
@@ -114,10 +112,7 @@ def preprocess_arrays(pp: str, images: np.ndarray) -> np.ndarray:
 
 def set_specs(config) -> dict[str, dict]:
   """{set name: spec} for the ID fit set, the ID test set and every OOD set."""
-  specs = {"id_fit": to_dict(config.id_fit), "id_test": to_dict(config.id_test)}
-  for name, spec in to_dict(config.ood).items():
-    specs[f"ood/{name}"] = spec
-  return specs
+  return pipeline.set_specs(to_dict(config.id_fit), to_dict(config.id_test), to_dict(config.ood))
 
 
 def model_key(config) -> str:
@@ -141,40 +136,35 @@ class LazyModel:
 
 
 def extract_sets(config, model: LazyModel, workdir: str, log: Log,
-                 input_scorers: Callable) -> dict[str, dict[str, np.ndarray]]:
+                 dets: dict) -> dict[str, dict[str, np.ndarray]]:
   """Features/logits of every set, from the cache or by running the model (then cached)."""
-  from fi_jax import preprocess  # pylint: disable=g-import-not-at-top
-  mesh = distributed.data_mesh()
-  pp_fn = preprocess.get_preprocess_fn(config.pp)
   root = os.path.join(workdir, "cache")
-  out = {}
-  for name, spec in set_specs(config).items():
-    scorer_names = [] if name == "id_fit" else sorted(input_scorers(None))
-    path = cache.set_dir(root, model_key(config), name) + "-" + cache.key_of(spec, scorer_names)
-    cached = cache.load(path) if config.get("cache", True) else None
+
+  def path(name, spec, scorer_names):
+    return (cache.set_dir(root, model_key(config), name) + "-"
+            + cache.key_of(spec, sorted(scorer_names)))
+
+  def load(name, spec, scorer_names):
+    p = path(name, spec, scorer_names)
+    cached = cache.load(p) if config.get("cache", True) else None
     if cached is not None:
-      log(f"{name}: {len(cached['logits'])} examples from cache {path}")
-      out[name] = cached
-      continue
-    predict, params, _, _ = model.get()
-    scorers = input_scorers(predict) if scorer_names else {}
-    t = time.time()
-    it, steps, info = data.batches(spec, pp_fn, config.batch_size,
-                                   process_index=jax.process_index(),
-                                   process_count=jax.process_count())
-    log(f"{name}: {info.num_examples} examples, {steps} batches of {config.batch_size}")
-    arrays = extract.extract(predict, params, it, mesh, input_scorers=scorers, steps=steps,
-                             log=log)
+      log(f"{name}: {len(cached['logits'])} examples from cache {p}")
+    return cached
+
+  def save(name, spec, scorer_names, arrays, seconds):
     if jax.process_index() == 0:
-      cache.save(path, arrays, {"set": name, "spec": spec, "seconds": time.time() - t})
-    out[name] = arrays
-    log(f"{name}: done in {time.time() - t:.1f} s")
-  return out
+      cache.save(path(name, spec, scorer_names), arrays,
+                 {"set": name, "spec": spec, "seconds": seconds})
+
+  return pipeline.extract_sets(
+      set_specs(config), lambda: model.get()[:2], dets,
+      pp_fn=preprocess.get_preprocess_fn(config.pp), batch_size=config.batch_size,
+      mesh=distributed.data_mesh(), input_std=config.get("input_std", (0.5, 0.5, 0.5)),
+      log=log, load=load, save=save)
 
 
 def cached_head(config, model: LazyModel, workdir: str):
   """The classifier head (cached beside the features, so a rerun needs no model at all)."""
-  from fi_jax import detectors  # pylint: disable=g-import-not-at-top
   path = os.path.join(workdir, "cache", model_key(config), "head")
   arrays = cache.load(path) if config.get("cache", True) else None
   if arrays is None:
@@ -188,95 +178,9 @@ def cached_head(config, model: LazyModel, workdir: str):
 # ----------------------------------------------------------------------------- detectors
 
 def build_detectors(config) -> dict[str, Any]:
-  from fi_jax import detectors  # pylint: disable=g-import-not-at-top
-  hparams = to_dict(config.get("detector_hparams", {}))
-  preset = config.get("detector_preset") or None
-  return {name: detectors.build(name, preset=preset, **hparams.get(name, {}))
-          for name in config.detectors}
-
-
-def input_scorers_for(dets: dict, input_std) -> Callable:
-  """Detectors that need the images themselves (ODIN) score during extraction.
-
-  Returns f(predict_fn) -> {name: scorer(params, images)}; f(None) names them only.
-  `input_std` is the per-channel std of the model's input in [0, 1] pixel units (0.5 for
-  value_range(-1, 1)), so that ODIN's epsilon is a pixel-unit step.
-  """
-  names_ = [n for n, d in dets.items() if "inputs" in d.needs]
-
-  def make(predict):
-    if predict is None:
-      return dict.fromkeys(names_)
-    return {n: (lambda p, images, det=dets[n]: det.score_inputs(
-        {}, lambda x: predict(p, x)[0], images, input_std=input_std)) for n in names_}
-  return make
-
-
-def outputs_of(arrays: dict[str, np.ndarray]):
-  from fi_jax import detectors  # pylint: disable=g-import-not-at-top
-  labels = arrays.get("label")
-  return detectors.Outputs(jnp.asarray(arrays["features"]), jnp.asarray(arrays["logits"]),
-                           None if labels is None else jnp.asarray(labels))
-
-
-def score_sets(dets: dict, sets: dict, head, log: Log) -> tuple[dict, dict]:
-  """{detector: {set name: scores}} and {detector: error text} for detectors that failed."""
-  from fi_jax import detectors  # pylint: disable=g-import-not-at-top
-  fit = outputs_of(sets["id_fit"])
-  # one Outputs per set, so that detectors.shared() recognises the same arrays across detectors
-  test_sets = {s: outputs_of(a) for s, a in sets.items() if s != "id_fit"}
-  scores, errors = {}, {}
-  with detectors.shared(dets.values()):
-    for name, det in dets.items():
-      t = time.time()
-      try:
-        if "inputs" in det.needs:
-          scores[name] = {s: np.asarray(sets[s][f"score/{name}"]) for s in test_sets}
-        else:
-          state = det.fit(fit, head)
-          scores[name] = {s: np.asarray(det.score(state, out)) for s, out in test_sets.items()}
-        log(f"  {name}: {time.time() - t:.2f} s")
-      except Exception as e:  # pylint: disable=broad-except  (one detector must not sink the run)
-        errors[name] = f"{type(e).__name__}: {e}"
-        log(f"  {name}: FAILED ({errors[name]})\n{traceback.format_exc(limit=3)}")
-  return scores, errors
-
-
-# ----------------------------------------------------------------------------- metrics
-
-def compute_rows(config, scores: dict, sets: dict, model_label: str) -> list[dict]:
-  from fi_jax import metrics  # pylint: disable=g-import-not-at-top
-  mcfg = to_dict(config.get("metrics", {}))
-  id_name = config.get("id_name", "id")
-  rows = []
-  for det_name, per_set in scores.items():
-    id_scores = per_set["id_test"]
-    for set_name, ood_scores in per_set.items():
-      if not set_name.startswith("ood/"):
-        continue
-      groups = sets[set_name].get("group")
-      use_groups = mcfg.get("per_group", True) and groups is not None and (groups >= 0).any()
-      m = metrics.ood_metrics(jnp.asarray(id_scores), jnp.asarray(ood_scores),
-                              tpr=mcfg.get("tpr", 0.95),
-                              ood_groups=jnp.asarray(groups) if use_groups else None,
-                              n_bootstrap=mcfg.get("n_bootstrap", 0),
-                              seed=config.seed)
-      row = {"model": model_label, "detector": det_name, "id_set": id_name,
-             "ood_set": set_name[len("ood/"):], **m}
-      if use_groups:   # the per-class breakdown (NINCO style), written by report.write
-        row["per_class"] = metrics.per_group_metrics(
-            jnp.asarray(id_scores), jnp.asarray(ood_scores), jnp.asarray(groups),
-            tpr=mcfg.get("tpr", 0.95))
-      rows.append(row)
-  return rows
-
-
-def id_accuracy(arrays: dict[str, np.ndarray]) -> Optional[float]:
-  from fi_jax import metrics  # pylint: disable=g-import-not-at-top
-  if "label" not in arrays or not (arrays["label"] >= 0).any():
-    return None
-  return float(metrics.classification_accuracy(jnp.asarray(arrays["logits"]),
-                                               jnp.asarray(arrays["label"])))
+  """{name: detector} of `config.detectors` with the preset and per-detector hparams."""
+  return pipeline.build_detectors(config.detectors, config.get("detector_preset") or None,
+                                  to_dict(config.get("detector_hparams", {})))
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -292,7 +196,7 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
   dets = build_detectors(config)   # fails fast on unknown detector names / hparams
   model = LazyModel(config, log)
   t = time.time()
-  sets = extract_sets(config, model, workdir, log, input_scorers_for(dets, tuple(config.get("input_std", (0.5, 0.5, 0.5)))))
+  sets = extract_sets(config, model, workdir, log, dets)
   head = cached_head(config, model, workdir)
   timings["extract"] = time.time() - t   # includes building the model, if needed
   model_meta = model.get()[3] if model._built else {  # pylint: disable=protected-access
@@ -300,12 +204,16 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
 
   t = time.time()
   log(f"Detectors ({len(dets)}):")
-  scores, errors = score_sets(dets, sets, head, log)
+  scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True)
   timings["detectors"] = time.time() - t
 
   t = time.time()
-  model_label = config.get("model_label") or config.model_name
-  rows = compute_rows(config, scores, sets, model_label)
+  mcfg = to_dict(config.get("metrics", {}))
+  rows = pipeline.metric_rows(
+      scores, sets, model=config.get("model_label") or config.model_name,
+      id_set=config.get("id_name", "id"), tpr=mcfg.get("tpr", 0.95),
+      per_group=mcfg.get("per_group", True), n_bootstrap=mcfg.get("n_bootstrap", 0),
+      seed=config.seed)
   timings["metrics"] = time.time() - t
   timings["total"] = time.time() - t_start
 
@@ -318,7 +226,7 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
           "timings_s": {k: round(v, 3) for k, v in timings.items()},
           "detector_errors": errors, **model_meta,
       },
-      "id_accuracy": id_accuracy(sets["id_test"]),
+      "id_accuracy": pipeline.id_accuracy(sets["id_test"]),
       "rows": rows,
   }
   if jax.process_index() == 0:
@@ -327,7 +235,3 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
     log(f"Wrote {os.path.join(workdir, 'results.json')} (+ .csv, .md) in {timings['total']:.1f} s.")
   return results
 
-
-def load_results(workdir: str) -> dict:
-  with open(os.path.join(workdir, "results.json")) as f:
-    return json.load(f)

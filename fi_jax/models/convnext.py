@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fi_jax.models import clip as torch_port   # read_state_dict: .pth / .safetensors -> numpy
+from fi_jax.models.convert import readers
 from fi_jax.models.convert import convnext as convert
 
 # variant: module keyword arguments (ConvNeXt paper, Table 9; same in torchvision and timm).
@@ -160,6 +160,6 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping] = None) -> di
 
   The layout is read off the keys unless `model_cfg["source"]` says "torchvision" / "timm".
   """
-  sd = torch_port.read_state_dict(init_file, hint=convert.HINT)
+  sd = readers.read_state_dict(init_file, hint=convert.HINT)
   return convert.convert(sd, init_params, source=(model_cfg or {}).get("source"),
                          file=init_file)

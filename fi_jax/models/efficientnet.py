@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from fi_jax.models import checkpoints
-from fi_jax.models import clip as torch_port   # read_state_dict (moving to convert.readers)
+from fi_jax.models.convert import readers
 from fi_jax.models.convert import efficientnet as convert
 
 # One block: (kind, kernel, stride, in_chs, mid_chs, out_chs, se_chs, residual).
@@ -425,7 +425,7 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = N
   it and merges it onto `init_params` (every key and shape checked). The layout is detected
   from the keys unless `model_cfg["source"]` says "torchvision" or "timm"."""
   init_params = jax.device_get(init_params)
-  sd = torch_port.read_state_dict(init_file, hint=DOWNLOAD_HINT)
+  sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
   source = (model_cfg or {}).get("source")
   if source is None and (model_cfg or {}).get("variant") in ARCHS:
     source = ARCHS[model_cfg["variant"]]["source"]

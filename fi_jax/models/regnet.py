@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fi_jax.models import clip as torch_io   # read_state_dict (.pth weights-only / safetensors)
+from fi_jax.models.convert import readers
 from fi_jax.models import layers
 from fi_jax.models.convert import regnet as convert_regnet
 from fi_jax.models.convert import resnet as convert_resnet
@@ -205,6 +205,6 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = N
   `fc`; other mismatches raise CheckpointError naming the key and the file."""
   del model_cfg   # torchvision is the only source
   init_params = jax.device_get(init_params)
-  sd = torch_io.read_state_dict(init_file, hint=DOWNLOAD_HINT)
+  sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
   flat = convert_regnet.convert(sd, source=init_file, hint=DOWNLOAD_HINT)
   return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fi_jax.models import checkpoints
-from fi_jax.models import clip as torch_io   # read_state_dict (.pth weights-only / safetensors)
+from fi_jax.models.convert import readers
 from fi_jax.models import layers
 from fi_jax.models.convert import resnet as convert_resnet
 
@@ -316,6 +316,6 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = N
   (num_classes=None) drops the file's `fc`; other mismatches raise CheckpointError."""
   del model_cfg
   init_params = jax.device_get(init_params)
-  sd = torch_io.read_state_dict(init_file, hint=DOWNLOAD_HINT)
+  sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
   flat = convert_resnet.convert(sd, source=init_file, hint=DOWNLOAD_HINT)
   return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load)

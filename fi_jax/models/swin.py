@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.models import clip as torch_port   # read_state_dict: .pth / .safetensors -> numpy
+from fi_jax.models.convert import readers
 from fi_jax.models.convert import swin as convert
 
 _T = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
@@ -413,7 +413,7 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping] = None) -> di
   (the Model kwargs) the file's position buffers, where stored, are checked against the
   model's windows.
   """
-  sd = torch_port.read_state_dict(init_file, hint=convert.HINT)
+  sd = readers.read_state_dict(init_file, hint=convert.HINT)
   cfg = dict(model_cfg or {})
   model = Model(**cfg) if "variant" in cfg else None
   buffers = None
