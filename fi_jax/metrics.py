@@ -41,10 +41,11 @@ Bootstrap (``n_bootstrap > 0``): ID and OOD are resampled independently with rep
 ``bootstrap_indices`` returns the resamples, for reference computations.
 
 How it is computed (and why it is fast): scores are mapped to order-preserving integer keys
-(bit pattern of the float), the ID keys are sorted once and the OOD keys once (per grouping);
-every metric then comes from cumulative counts and binary searches, no per-metric sort. A
-bootstrap resample only changes integer multiplicities on the same sorted arrays (no re-sort),
-so resamples are vmapped in chunks (bounded memory). Per-class metrics are segment sums over
+(bit pattern of the float, -0.0 tied with +0.0: ``fi_jax.selection.order_key``), the ID keys
+are sorted once and the OOD keys once (per grouping); every metric then comes from cumulative
+counts and binary searches, no per-metric sort. A bootstrap resample only changes integer
+multiplicities on the same sorted arrays (no re-sort), so resamples are vmapped in chunks
+(bounded memory). Per-class metrics are segment sums over
 OOD samples sorted by (class, score); only the per-class ``aupr_in`` needs passes over the ID
 scores: n_id x min(n_classes, largest class) work, in chunks inside the jit (Fi-ImageNet's
 522 classes of 1-3 images need one pass). Inputs are padded to a few bucket sizes (<= 12.5%
@@ -80,6 +81,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fi_jax.selection import from_order_key, order_key
+
 METRICS = ("auroc", "fpr95", "fpr95_ood_positive", "fpr95_ninco", "aupr_in", "aupr_out",
            "detection_error")
 _CI_METRICS = METRICS + ("tnr95",)
@@ -102,22 +105,6 @@ def _bucket(n: int) -> int:
     return 512
   step = 1 << (n.bit_length() - 4)
   return -(-n // step) * step
-
-
-def _to_key(x: jax.Array) -> jax.Array:
-  """Order-preserving signed-integer key of a float; -0.0 gets +0.0's key (they tie).
-
-  Bit-level on purpose: XLA on CPU treats subnormals as zero in float compares.
-  """
-  idt = jnp.int64 if x.dtype == jnp.float64 else jnp.int32
-  b = lax.bitcast_convert_type(x, idt)
-  k = jnp.where(b < 0, b ^ jnp.iinfo(idt).max, b)
-  return jnp.where(k == -1, 0, k)
-
-
-def _from_key(k: jax.Array) -> jax.Array:
-  fdt = jnp.float64 if k.dtype == jnp.int64 else jnp.float32
-  return lax.bitcast_convert_type(jnp.where(k < 0, k ^ jnp.iinfo(k.dtype).max, k), fdt)
 
 
 def _opaque(x: jax.Array, zero: jax.Array) -> jax.Array:
@@ -232,7 +219,7 @@ def _check_options(tpr: float, n_bootstrap: int, ci: float) -> None:
 def _score_keys(x: jax.Array, size: int, fdt: Any) -> tuple[jax.Array, jax.Array]:
   """Integer keys padded to `size` with the largest key (sorts last), and all-finite flag."""
   x = x.astype(fdt)
-  k = _to_key(x)
+  k = order_key(x)
   pad = jnp.full((size - x.shape[0],), jnp.iinfo(k.dtype).max, k.dtype)
   return jnp.concatenate([k, pad]), jnp.all(jnp.isfinite(x))
 
@@ -424,9 +411,9 @@ def _evaluate(ida: jax.Array, id_start: jax.Array, id_w: jax.Array, gr: _Groups,
       nin_f - gt[jnp.minimum(first, le.shape[0] - 1)].astype(fdt), nin_f)
 
   # A: numpy linear quantile of the ID scores at 1 - tpr
-  thr = _lerp(_from_key(id_key_of_rank(c["q"][0] + 1)), _from_key(id_key_of_rank(c["q"][1] + 1)),
-              c["q_g"], c["zero"])
-  out["fpr95_ninco"] = frac_at_least(gr.okey >= _to_key(thr))
+  thr = _lerp(from_order_key(id_key_of_rank(c["q"][0] + 1)),
+              from_order_key(id_key_of_rank(c["q"][1] + 1)), c["q_g"], c["zero"])
+  out["fpr95_ninco"] = frac_at_least(gr.okey >= order_key(thr))
 
   # AP, OOD positive: each OOD sample adds (1/n_g) x precision at its own score
   den = jnp.maximum(le + (n_in - gt), 1).astype(fdt)

@@ -393,27 +393,6 @@ def test_knn_clamps_k_to_bank(nonneg):
   assert_scores(fit_score("knn", fit, test, head, preset="ninco"), ref_knn(fit, test, N_FIT))
 
 
-def test_row_order_stats_is_exact_with_ties():
-  """The grouped, sort-free selection gives the exact k-th largest value and top-k sum."""
-  rng = np.random.default_rng(0)
-  s = np.round(rng.normal(size=(10, 5000)), 1).astype(np.float32)   # many ties
-  s[3, :] = 0.5                                                      # all equal: tie path
-  s[4, 100:164] = 9.0                                                # top-k in one group
-  s[5, ::2] = -np.inf                                                # masked entries
-  s[6, :] = -np.abs(s[6, :])                                         # negative, -0.0 and 0.0
-  s[7, :2500] = -0.0
-  s[8, :] = rng.normal(size=5000).astype(np.float32)                 # no ties
-  s[9, :] = (rng.choice([-1, 1], 5000) * 10.0 ** rng.uniform(-30, 30, 5000)).astype(np.float32)
-  s = np.concatenate([s, rng.permutation(np.tile(s, (25, 1)), axis=1)[:246]])  # 2 x 128 rows
-  for ks in ((1,), (5, 20), (300,), (1, 2500, 5000)):
-    kth, top_sum = knn_lib.row_order_stats(jnp.asarray(s), ks)
-    desc = -np.sort(-s, axis=1)
-    for j, k in enumerate(ks):
-      np.testing.assert_array_equal(np.asarray(kth)[:, j], desc[:, k - 1], err_msg=str(k))
-      np.testing.assert_allclose(np.asarray(top_sum)[:, j], f64(desc[:, :k]).sum(1),
-                                 rtol=1e-12, err_msg=str(k))
-
-
 def test_nnguide(data):
   fit, test, head = data
   nrm = lambda x: f64(x) / np.linalg.norm(f64(x), axis=1, keepdims=True)
@@ -670,14 +649,3 @@ def test_shared_scope_knn_smaller_k_first_recomputes(nonneg):
     s_large = np.asarray(large.score(large.fit(fit), test))
   np.testing.assert_array_equal(s_small, fit_score("knn", fit, test, None, k=5))
   np.testing.assert_array_equal(s_large, fit_score("knn", fit, test, None, k=40))
-
-
-def test_kept_indices_are_the_true_columns_in_order():
-  rng = np.random.default_rng(1)
-  keep = rng.random((6, 200)) < np.array([0.0, 0.02, 0.3, 0.9, 1.0, 0.5])[:, None]
-  keep[5, 31:33] = True                                   # across a word boundary
-  got = np.asarray(knn_lib._kept_indices(jnp.asarray(keep), 190))
-  for row, idx in zip(keep, got):
-    want = np.flatnonzero(row)[:190]
-    np.testing.assert_array_equal(idx[:len(want)], want)
-    assert (idx[len(want):] == 200).all()

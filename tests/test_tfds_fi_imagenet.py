@@ -11,8 +11,9 @@ import pytest
 import tensorflow_datasets as tfds
 
 import tfds_fi_imagenet
-from tfds_fi_imagenet import common
+from tfds_fi_imagenet import errors
 from tfds_fi_imagenet import imagenet_val
+from tfds_fi_imagenet import ood_classes
 from tfds_fi_imagenet import testing
 from tfds_fi_imagenet.fi_imagenet_1k import fi_imagenet_1k_dataset_builder as fi
 
@@ -64,7 +65,7 @@ def test_parse_list_accepts_all_line_forms(tmp_path):
 
 
 def test_class_ids_are_sorted_names_and_minus_one():
-  names, lookup = common.class_ids(["okapi", "", "hot air balloon", "okapi"])
+  names, lookup = ood_classes.class_ids(["okapi", "", "hot air balloon", "okapi"])
   assert names == ["hot air balloon", "okapi"]
   assert [lookup[n] for n in ["okapi", "", "hot air balloon"]] == [1, -1, 0]
 
@@ -147,7 +148,7 @@ def test_non_validation_member_and_unknown_count_key(tmp_path):
   with pytest.raises(ValueError, match=r"'ILSVRC2012_val_00050001.JPEG' is not an ImageNet-1k "
                      "validation image"):
     _prepare(tmp_path, manual)
-  with pytest.raises(common.UsageError, match=r"unknown count key\(s\) \['train'\]"):
+  with pytest.raises(errors.UsageError, match=r"unknown count key\(s\) \['train'\]"):
     fi.Builder(data_dir=str(tmp_path), expected={"train": 3})
 
 

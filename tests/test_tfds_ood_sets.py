@@ -3,7 +3,9 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from tfds_fi_imagenet import common
+from tfds_fi_imagenet import archives
+from tfds_fi_imagenet import images
+from tfds_fi_imagenet import members
 from tfds_fi_imagenet import subsets
 from tfds_fi_imagenet import testing
 from tfds_fi_imagenet.inaturalist_ood import inaturalist_ood_dataset_builder as inat
@@ -25,9 +27,9 @@ def test_checked_image_keeps_jpeg_png_and_reencodes_gif():
   tf = _tf()
   for fmt in ("JPEG", "PNG"):
     data = testing.image_bytes(fmt, 8, 1)
-    assert common.checked_image(data, "x") == data
+    assert images.checked_image(data, "x") == data
   gif = testing.image_bytes("GIF", 8, 1)
-  out = common.checked_image(gif, "x.gif")
+  out = images.checked_image(gif, "x.gif")
   assert out.startswith(b"\x89PNG")
   assert tf.io.decode_image(out, channels=3).shape == (8, 8, 3)
 
@@ -36,16 +38,16 @@ def test_checked_image_keeps_jpeg_png_and_reencodes_gif():
                                   testing.image_bytes("PNG", 64, 3)[:200]])
 def test_checked_image_rejects_corrupt_files(data):
   with pytest.raises(ValueError, match=r"Corrupt or unreadable image a/b.jpg in t.zip"):
-    common.checked_image(data, "a/b.jpg in t.zip")
+    images.checked_image(data, "a/b.jpg in t.zip")
 
 
 def test_verify_md5_names_file_and_escape_hatch(tmp_path):
   path = tmp_path / "NINCO_all.tar.gz"
   path.write_bytes(b"abc")
-  common.verify_md5(path, "900150983cd24fb0d6963f7d28e17f72", "abc")
+  images.verify_md5(path, "900150983cd24fb0d6963f7d28e17f72", "abc")
   with pytest.raises(ValueError, match=r"NINCO_all.tar.gz: MD5 of .* is 9001.*published MD5 is "
                      r"b9ff.*--skip_md5"):
-    common.verify_md5(path, ninco.MD5, "NINCO_all.tar.gz")
+    images.verify_md5(path, ninco.MD5, "NINCO_all.tar.gz")
 
 
 # ----------------------------------------------------------------------------- archives
@@ -64,11 +66,11 @@ def test_archive_reads_every_kind_and_skips_hidden(tmp_path, kind):
     path = testing.write_zip(tmp_path / "a.zip", FILES)
   else:
     path = testing.write_tar(tmp_path / f"a.{kind}", FILES)
-  archive = common.ImageArchive(path)
+  archive = archives.ImageArchive(path)
   got = dict(archive.iter_files())
   assert got == {k: v for k, v in FILES.items() if "._" not in k and "DS_" not in k}
   assert archive.random_access == (kind != "tar.gz")
-  key_of = common.suffix_key(SSB)
+  key_of = members.suffix_key(SSB)
   assert [key_of(n) for n in sorted(got)] == SSB
   archive.close()
 
@@ -77,14 +79,14 @@ def test_iter_wanted_missing_and_duplicate(tmp_path):
   files = {f"ssb_hard/{n}": testing.jpeg_bytes(8, i) for i, n in enumerate(SSB[:2])}
   for path in (testing.write_zip(tmp_path / "a.zip", files),
                testing.write_tar(tmp_path / "a.tar.gz", files)):
-    archive = common.ImageArchive(path)
+    archive = archives.ImageArchive(path)
     with pytest.raises(FileNotFoundError, match=r"1 listed image\(s\) are missing from .*: "
                        r"<n02/n02_1.JPEG>"):
-      list(common.iter_wanted(archive, common.suffix_key(SSB), SSB, lambda k: f"<{k}>"))
+      list(members.iter_wanted(archive, members.suffix_key(SSB), SSB, lambda k: f"<{k}>"))
   files["copy/ssb_hard/n01/n01_1.JPEG"] = files["ssb_hard/n01/n01_1.JPEG"]
-  archive = common.ImageArchive(testing.write_zip(tmp_path / "b.zip", files))
+  archive = archives.ImageArchive(testing.write_zip(tmp_path / "b.zip", files))
   with pytest.raises(ValueError, match=r"holds the same image twice: .*n01_1.JPEG"):
-    list(common.iter_wanted(archive, common.suffix_key(SSB), SSB[:2], str))
+    list(members.iter_wanted(archive, members.suffix_key(SSB), SSB[:2], str))
 
 
 # ----------------------------------------------------------------------------- OpenOOD sets

@@ -15,7 +15,8 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from tfds_fi_imagenet import common
+from tfds_fi_imagenet import build
+from tfds_fi_imagenet import errors
 
 PROG = "python -m tfds_fi_imagenet"
 
@@ -34,18 +35,17 @@ def _expect(items: Optional[Sequence[str]]) -> Optional[dict[str, int]]:
   for item in items:
     key, eq, value = item.partition("=")
     if not eq or not key or not value.isdigit():
-      raise common.UsageError(
+      raise errors.UsageError(
           f"--expect takes SPLIT=COUNT (e.g. --expect ood=655), got {item!r}.")
     out[key] = int(value)
   return out
 
 
 def _parser() -> argparse.ArgumentParser:
-  from tfds_fi_imagenet.build import DATASETS  # pylint: disable=g-import-not-at-top
   p = _Parser(prog=PROG, description="Build the Fi-ImageNet-1k / ImageNet OOD TFDS datasets.")
   sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
   b = sub.add_parser("build", help="download/read and prepare one dataset")
-  b.add_argument("name", help=f"one of: {', '.join(sorted(DATASETS))}")
+  b.add_argument("name", help=f"one of: {', '.join(sorted(build.DATASETS))}")
   b.add_argument("--data_dir", required=True, help="where the prepared dataset is written")
   b.add_argument("--manual_dir", help="folder with the manually obtained files")
   b.add_argument("--download_dir", help="download cache (default: DATA_DIR/downloads)")
@@ -64,7 +64,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = _parser().parse_args(argv)
-  from tfds_fi_imagenet import build  # pylint: disable=g-import-not-at-top
   if args.command == "list":
     for name in sorted(build.DATASETS):
       configs = list(build.builder_class(name).builder_configs)
@@ -82,7 +81,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           register_checksums=args.register_checksums, verify_md5=not args.skip_md5)
       splits = ", ".join(f"{k}: {v.num_examples}" for k, v in sorted(builder.info.splits.items()))
       print(f"Built {builder.info.full_name} in {builder.data_dir} ({splits})")
-  except (common.UsageError, FileNotFoundError) as e:
+  except (errors.UsageError, FileNotFoundError) as e:
     print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
     return 2
   except ValueError as e:

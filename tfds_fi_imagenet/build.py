@@ -9,7 +9,7 @@ os.environ.setdefault("NO_GCE_CHECK", "true")  # TF's GCS auth: never probe the 
 
 import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-from tfds_fi_imagenet import common  # pylint: disable=g-import-not-at-top
+from tfds_fi_imagenet import errors
 
 # name -> whether the builder reads a manual dir (False: it downloads with checksums).
 DATASETS = {
@@ -23,11 +23,11 @@ DATASETS = {
 
 
 def builder_class(name: str) -> type:
-  """The registered builder class of one of DATASETS."""
+  """The registered builder class of one of DATASETS (the package's __init__, which runs
+  before this module is imported, registers them)."""
   if name not in DATASETS:
-    raise common.UsageError(f"Unknown dataset {name!r}; this package builds: "
-                     f"{', '.join(sorted(DATASETS))}.")
-  import tfds_fi_imagenet  # pylint: disable=g-import-not-at-top,unused-import  (registers)
+    raise errors.UsageError(f"Unknown dataset {name!r}; this package builds: "
+                            f"{', '.join(sorted(DATASETS))}.")
   return tfds.builder_cls(name)
 
 
@@ -39,8 +39,8 @@ def build_dataset(name: str, *, data_dir: str, manual_dir: Optional[str] = None,
   """Prepares `name` (optionally `config`) into data_dir and returns its builder.
 
   After this, `tfds.load(name, data_dir=data_dir, download=False)` reads it. `expected`
-  overrides the published split sizes (see common.OodBuilder); `verify_md5` applies to the
-  builders that check a published MD5 of their download (ninco, inaturalist_ood).
+  overrides the published split sizes (see OodBuilder in builder.py); `verify_md5` applies to
+  the builders that check a published MD5 of their download (ninco, inaturalist_ood).
   """
   cls = builder_class(name)
   needs_manual = DATASETS[name]
@@ -55,11 +55,11 @@ def build_dataset(name: str, *, data_dir: str, manual_dir: Optional[str] = None,
     kwargs["expected"] = dict(expected)
   if not verify_md5:
     if "verify_md5" not in inspect.signature(cls.__init__).parameters:
-      raise common.UsageError(f"{name} has no MD5 check to skip.")
+      raise errors.UsageError(f"{name} has no MD5 check to skip.")
     kwargs["verify_md5"] = False
   if config is not None and config not in cls.builder_configs:
-    raise common.UsageError(f"{name} has no config {config!r}; configs: "
-                     f"{', '.join(cls.builder_configs) or 'none'}.")
+    raise errors.UsageError(f"{name} has no config {config!r}; configs: "
+                            f"{', '.join(cls.builder_configs) or 'none'}.")
   builder = cls(data_dir=data_dir, config=config, file_format=file_format, **kwargs)
   download_config = tfds.download.DownloadConfig(
       manual_dir=manual_dir, register_checksums=register_checksums, try_download_gcs=False)

@@ -15,7 +15,7 @@ from typing import Optional
 from etils import epath
 import tensorflow_datasets as tfds
 
-from tfds_fi_imagenet import common
+from tfds_fi_imagenet import ood_classes
 
 NUM_VAL = 50_000
 VAL_ID_RE = re.compile(r"ILSVRC2012_val_(\d+)")
@@ -118,7 +118,7 @@ def parse_list(path: epath.PathLike, with_class: bool) -> list[ListEntry]:
     if with_class:
       sep = _SEPARATORS.search(line, matches[-1].end())
       if sep:
-        ood_class = common.normalize_class(line[sep.end():])
+        ood_class = ood_classes.normalize_class(line[sep.end():])
     entries.append(ListEntry(val_id, no, ood_class))
   return entries
 

@@ -16,7 +16,10 @@ from typing import ClassVar, Iterator, Optional
 from etils import epath
 import tensorflow_datasets as tfds
 
-from tfds_fi_imagenet import common
+from tfds_fi_imagenet import archives
+from tfds_fi_imagenet import builder
+from tfds_fi_imagenet import members
+from tfds_fi_imagenet import ood_classes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +59,7 @@ def manual_instructions(set_dir: str, lists: dict[str, str]) -> str:
           f"extracted folder {set_dir}/ (or images_largescale/{set_dir}/).")
 
 
-class OpenOodBuilder(common.OodBuilder, skip_registration=True):
+class OpenOodBuilder(builder.OodBuilder, skip_registration=True):
   """Splits from OpenOOD lists, images from the set's zip / tar / folder (manual dir)."""
 
   SET_DIR: ClassVar[str]                  # first component of the list paths
@@ -69,14 +72,14 @@ class OpenOodBuilder(common.OodBuilder, skip_registration=True):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
-        features=common.ood_features(),
+        features=builder.ood_features(),
         homepage="https://github.com/Jingkang50/OpenOOD",
         disable_shuffling=True,  # stored in list order
         metadata=tfds.core.MetadataDict(),
     )
 
   def _find_list(self, root: epath.Path, name: str) -> epath.Path:
-    path = common.find_first(root, [name, f"benchmark_imglist/imagenet/{name}"])
+    path = archives.find_first(root, [name, f"benchmark_imglist/imagenet/{name}"])
     if path is None:
       raise FileNotFoundError(f"{self.name}: the list {name} is missing from the manual dir "
                               f"{root} (looked at the top and in benchmark_imglist/imagenet/).")
@@ -84,7 +87,7 @@ class OpenOodBuilder(common.OodBuilder, skip_registration=True):
 
   def _find_images(self, root: epath.Path) -> epath.Path:
     d = self.SET_DIR
-    path = common.find_first(root, [f"{d}.zip", f"{d}.tar", f"{d}.tar.gz", f"{d}.tgz", d,
+    path = archives.find_first(root, [f"{d}.zip", f"{d}.tar", f"{d}.tar.gz", f"{d}.tgz", d,
                                      f"images_largescale/{d}"])
     if path is None:
       raise FileNotFoundError(f"{self.name}: no {d}.zip, {d}.tar[.gz] or {d}/ folder in the "
@@ -110,20 +113,20 @@ class OpenOodBuilder(common.OodBuilder, skip_registration=True):
                              f"{e.line}) and {self.LISTS[b]} (line {line_b[e.rel]}).")
     for split, entries in lists.items():
       self.check_count(split, len(entries), self.LISTS[split])
-    classes, lookup = common.class_ids(
+    classes, lookup = ood_classes.class_ids(
         self._class_of(e.rel) for entries in lists.values() for e in entries)
     if "classes" in self.COUNTS:
       self.check_count("classes", len(classes), ", ".join(self.LISTS.values()))
     self.info.metadata["ood_class_names"] = classes
 
     source = self._find_images(root)
-    reader = common.ImageArchive(source)
+    reader = archives.ImageArchive(source)
     all_entries = {e.rel: e for entries in lists.values() for e in entries}
-    key_of = common.suffix_key(all_entries)
+    key_of = members.suffix_key(all_entries)
     index: Optional[dict] = None
     if reader.random_access:  # fail before generating anything
-      index = common.index_members(reader.names(), key_of, str(source))
-      common.raise_if_missing(all_entries, index, lambda r: self._describe(all_entries[r]),
+      index = members.index_members(reader.names(), key_of, str(source))
+      members.raise_if_missing(all_entries, index, lambda r: self._describe(all_entries[r]),
                               str(source))
     return {split: self._generate_examples(reader, index, key_of, entries, lookup)
             for split, entries in lists.items()}
@@ -131,12 +134,12 @@ class OpenOodBuilder(common.OodBuilder, skip_registration=True):
   def _describe(self, e: Entry) -> str:
     return f"{self.SET_DIR}/{e.rel} ({e.list_name} line {e.line})"
 
-  def _generate_examples(self, reader: common.ImageArchive, index: Optional[dict], key_of,
+  def _generate_examples(self, reader: archives.ImageArchive, index: Optional[dict], key_of,
                          entries: list[Entry], lookup: dict[str, int],
                          ) -> Iterator[tuple[int, dict]]:
     position = {e.rel: k for k, e in enumerate(entries)}
     by_rel = {e.rel: e for e in entries}
-    for rel, _, data in common.iter_wanted(reader, key_of, list(position),
+    for rel, _, data in members.iter_wanted(reader, key_of, list(position),
                                            lambda r: self._describe(by_rel[r]), index=index):
       cls = self._class_of(rel)
       yield position[rel], {

@@ -6,8 +6,11 @@ from typing import Iterator, Optional
 from etils import epath
 import tensorflow_datasets as tfds
 
-from tfds_fi_imagenet import common
+from tfds_fi_imagenet import archives
+from tfds_fi_imagenet import builder
 from tfds_fi_imagenet import imagenet_val
+from tfds_fi_imagenet import members
+from tfds_fi_imagenet import ood_classes
 
 VAL_TAR = "ILSVRC2012_img_val.tar"
 VAL_DIR = "ILSVRC2012_img_val"
@@ -17,10 +20,10 @@ NUM_OOD = 655
 NUM_AMBIGUOUS = 980
 
 
-class Builder(common.OodBuilder):
+class Builder(builder.OodBuilder):
   """Fi-ImageNet-1k from the ImageNet validation tar and the two image lists.
 
-  Builder kwargs: `expected` (counts, see common.OodBuilder; keys 'ood', 'ambiguous',
+  Builder kwargs: `expected` (counts, see builder.OodBuilder; keys 'ood', 'ambiguous',
   'id'), `ood_list` and `ambiguous_list` (file names inside the manual dir).
   """
 
@@ -48,7 +51,7 @@ class Builder(common.OodBuilder):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
-        features=common.ood_features(
+        features=builder.ood_features(
             label=tfds.features.ClassLabel(names_file=imagenet_val.label_names_file())),
         supervised_keys=("image", "label"),
         homepage="https://arxiv.org/abs/2609.01027",
@@ -58,7 +61,7 @@ class Builder(common.OodBuilder):
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     root = epath.Path(dl_manager.manual_dir)
-    source = common.find_first(root, [VAL_TAR, VAL_DIR])
+    source = archives.find_first(root, [VAL_TAR, VAL_DIR])
     if source is None:
       raise FileNotFoundError(
           f"fi_imagenet_1k: neither {VAL_TAR} nor {VAL_DIR}/ is in the manual dir {root}. "
@@ -76,13 +79,13 @@ class Builder(common.OodBuilder):
     self.check_count("ood", len(lists["ood"]), self.ood_list)
     self.check_count("ambiguous", len(lists["ambiguous"]), self.ambiguous_list)
 
-    archive = common.ImageArchive(source)
-    index = common.index_members(archive.names(), imagenet_val.val_id_of_member, str(source))
+    archive = archives.ImageArchive(source)
+    index = members.index_members(archive.names(), imagenet_val.val_id_of_member, str(source))
     line_of = {e.val_id: f"{self.ood_list} line {e.line}" for e in lists["ood"]}
     line_of.update({e.val_id: f"{self.ambiguous_list} line {e.line}"
                     for e in lists["ambiguous"]})
     for entries in lists.values():
-      common.raise_if_missing(
+      members.raise_if_missing(
           [e.val_id for e in entries], index,
           lambda i: f"{imagenet_val.val_file_name(i)} ({line_of[i]})", str(source))
     listed = set(line_of)
@@ -90,7 +93,7 @@ class Builder(common.OodBuilder):
     self.check_count("id", len(id_ids), f"{source.name} minus both lists",
                      "Is the validation tar complete (50,000 images)?")
 
-    classes, lookup = common.class_ids(e.ood_class for e in lists["ood"])
+    classes, lookup = ood_classes.class_ids(e.ood_class for e in lists["ood"])
     self.info.metadata["ood_class_names"] = classes
     ood_class = {e.val_id: e.ood_class for e in lists["ood"]}
     return {
@@ -100,11 +103,11 @@ class Builder(common.OodBuilder):
                            ("id", id_ids))
     }
 
-  def _generate_examples(self, archive: common.ImageArchive, index: dict, ids: list[int],
+  def _generate_examples(self, archive: archives.ImageArchive, index: dict, ids: list[int],
                          ood_class: dict[int, str], lookup: dict[str, int],
                          ) -> Iterator[tuple[int, dict]]:
     wnids = imagenet_val.validation_wnids()
-    for val_id, _, data in common.iter_wanted(
+    for val_id, _, data in members.iter_wanted(
         archive, imagenet_val.val_id_of_member, ids,
         imagenet_val.val_file_name, index=index):
       name: Optional[str] = ood_class.get(val_id, "")

@@ -6,7 +6,9 @@ from typing import Iterator
 from etils import epath
 import tensorflow_datasets as tfds
 
-from tfds_fi_imagenet import common
+from tfds_fi_imagenet import archives
+from tfds_fi_imagenet import builder
+from tfds_fi_imagenet import images
 
 URL = "http://pages.cs.wisc.edu/~huangrui/imagenet_ood_dataset/iNaturalist.tar.gz"
 # Published MD5 of iNaturalist.tar.gz (as used by the pytorch-ood MOS loader); the SHA-256
@@ -15,7 +17,7 @@ MD5 = "5be6ea8aa027d7b631916427b32cb335"
 NUM_IMAGES = 10_000
 
 
-class Builder(common.OodBuilder):
+class Builder(builder.OodBuilder):
   """iNaturalist OOD set of Huang & Li (MOS, CVPR 2021), used as is by OpenOOD v1.5.
 
   `file_name` is OpenOOD's list path `inaturalist/images/<name>.jpg`. The archive carries
@@ -36,7 +38,7 @@ class Builder(common.OodBuilder):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
-        features=common.ood_features(),
+        features=builder.ood_features(),
         homepage="https://github.com/deeplearning-wisc/large_scale_ood",
         disable_shuffling=True,  # stored in sorted file_name order
         metadata=tfds.core.MetadataDict(),
@@ -45,10 +47,10 @@ class Builder(common.OodBuilder):
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     archive = epath.Path(dl_manager.download(URL))
     if self.verify_md5:
-      common.verify_md5(archive, MD5, "iNaturalist.tar.gz")
+      images.verify_md5(archive, MD5, "iNaturalist.tar.gz")
     extracted = epath.Path(dl_manager.extract(
         tfds.download.Resource(path=archive, extract_method=tfds.download.ExtractMethod.TAR_GZ)))
-    reader = common.ImageArchive(extracted)
+    reader = archives.ImageArchive(extracted)
     by_base: dict[str, str] = {}
     for name in reader.names():
       if not name.lower().endswith((".jpg", ".jpeg", ".png")):
@@ -62,12 +64,12 @@ class Builder(common.OodBuilder):
     self.info.metadata["ood_class_names"] = []
     return {"test": self._generate_examples(reader, by_base)}
 
-  def _generate_examples(self, reader: common.ImageArchive, by_base: dict[str, str],
+  def _generate_examples(self, reader: archives.ImageArchive, by_base: dict[str, str],
                          ) -> Iterator[tuple[int, dict]]:
     for key, base in enumerate(sorted(by_base)):
       name = by_base[base]
       yield key, {
-          "image": common.checked_image(reader.read(name), name),
+          "image": images.checked_image(reader.read(name), name),
           "file_name": f"inaturalist/images/{base}",
           "ood_class": "",
           "ood_class_id": -1,

@@ -7,7 +7,10 @@ from typing import Iterator
 from etils import epath
 import tensorflow_datasets as tfds
 
-from tfds_fi_imagenet import common
+from tfds_fi_imagenet import archives
+from tfds_fi_imagenet import builder
+from tfds_fi_imagenet import images
+from tfds_fi_imagenet import ood_classes
 
 URL = "https://zenodo.org/record/8013288/files/NINCO_all.tar.gz"
 # Published MD5 of NINCO_all.tar.gz (as used by the pytorch-ood NINCO loader); TFDS's
@@ -22,7 +25,7 @@ class NincoConfig(tfds.core.BuilderConfig):
   num_classes: int = 0
 
 
-class Builder(common.OodBuilder):
+class Builder(builder.OodBuilder):
   """NINCO (Bitterwolf et al., ICML 2023); one config per top-level folder.
 
   Builder kwargs: `expected` (keys 'test', 'classes'), `verify_md5` (default True).
@@ -54,7 +57,7 @@ class Builder(common.OodBuilder):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
-        features=common.ood_features(),
+        features=builder.ood_features(),
         homepage="https://github.com/j-cb/NINCO",
         disable_shuffling=True,  # stored in sorted file_name order
         metadata=tfds.core.MetadataDict(),
@@ -64,29 +67,29 @@ class Builder(common.OodBuilder):
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     archive = epath.Path(dl_manager.download(URL))
     if self.verify_md5:
-      common.verify_md5(archive, MD5, "NINCO_all.tar.gz")
+      images.verify_md5(archive, MD5, "NINCO_all.tar.gz")
     extracted = epath.Path(dl_manager.extract(
         tfds.download.Resource(path=archive, extract_method=tfds.download.ExtractMethod.TAR_GZ)))
     folder = self.builder_config.folder
-    root = common.find_dir(extracted, folder)
+    root = archives.find_dir(extracted, folder)
     if root is None:
       raise FileNotFoundError(f"ninco: no folder {folder}/ in the extracted archive "
                               f"{extracted}; is it NINCO_all.tar.gz?")
-    reader = common.ImageArchive(root)
+    reader = archives.ImageArchive(root)
     names = [n for n in reader.names() if "/" in n]  # <class>/<file>
-    classes, lookup = common.class_ids(n.split("/", 1)[0] for n in names)
+    classes, lookup = ood_classes.class_ids(n.split("/", 1)[0] for n in names)
     self.check_count("test", len(names), f"{folder}/")
     self.check_count("classes", len(classes), f"{folder}/")
     self.info.metadata["ood_class_names"] = classes
     return {"test": self._generate_examples(reader, names, lookup)}
 
-  def _generate_examples(self, reader: common.ImageArchive, names: list[str],
+  def _generate_examples(self, reader: archives.ImageArchive, names: list[str],
                          lookup: dict[str, int]) -> Iterator[tuple[int, dict]]:
     folder = self.builder_config.folder
     for key, name in enumerate(names):
       cls = name.split("/", 1)[0]
       yield key, {
-          "image": common.checked_image(reader.read(name), f"{folder}/{name}"),
+          "image": images.checked_image(reader.read(name), f"{folder}/{name}"),
           "file_name": f"{folder}/{name}",
           "ood_class": cls,
           "ood_class_id": lookup[cls],

@@ -6,7 +6,10 @@ from typing import Iterator
 from etils import epath
 import tensorflow_datasets as tfds
 
-from tfds_fi_imagenet import common
+from tfds_fi_imagenet import archives
+from tfds_fi_imagenet import builder
+from tfds_fi_imagenet import images
+from tfds_fi_imagenet import ood_classes
 
 URL = "https://www.robots.ox.ac.uk/~vgg/data/dtd/download/dtd-r1.0.1.tar.gz"
 # The four DTD classes that coincide with ImageNet-1k classes, left out by ViM/OpenOOD.
@@ -15,7 +18,7 @@ NUM_IMAGES = 5160
 NUM_CLASSES = 43
 
 
-class Builder(common.OodBuilder):
+class Builder(builder.OodBuilder):
   """DTD minus bubbly, cobwebbed, honeycombed and spiralled: OpenOOD's test_textures list.
 
   `file_name` is OpenOOD's list path `texture/<class>/<class>_NNNN.jpg`; `ood_class` the
@@ -32,7 +35,7 @@ class Builder(common.OodBuilder):
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
-        features=common.ood_features(),
+        features=builder.ood_features(),
         homepage="https://www.robots.ox.ac.uk/~vgg/data/dtd/",
         disable_shuffling=True,  # stored in sorted file_name order
         metadata=tfds.core.MetadataDict(),
@@ -40,26 +43,26 @@ class Builder(common.OodBuilder):
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     extracted = epath.Path(dl_manager.download_and_extract(URL))
-    images = common.find_dir(extracted, "images")
-    if images is None:
+    image_dir = archives.find_dir(extracted, "images")
+    if image_dir is None:
       raise FileNotFoundError(f"textures_ood: no dtd/images/ folder in {extracted}; is it "
                               "dtd-r1.0.1.tar.gz?")
-    reader = common.ImageArchive(images)
+    reader = archives.ImageArchive(image_dir)
     names = [n for n in reader.names()
              if n.count("/") == 1 and n.lower().endswith(".jpg")
              and n.split("/", 1)[0] not in EXCLUDED]
-    classes, lookup = common.class_ids(n.split("/", 1)[0] for n in names)
-    self.check_count("test", len(names), f"{images} without {', '.join(EXCLUDED)}")
-    self.check_count("classes", len(classes), f"{images} without {', '.join(EXCLUDED)}")
+    classes, lookup = ood_classes.class_ids(n.split("/", 1)[0] for n in names)
+    self.check_count("test", len(names), f"{image_dir} without {', '.join(EXCLUDED)}")
+    self.check_count("classes", len(classes), f"{image_dir} without {', '.join(EXCLUDED)}")
     self.info.metadata["ood_class_names"] = classes
     return {"test": self._generate_examples(reader, names, lookup)}
 
-  def _generate_examples(self, reader: common.ImageArchive, names: list[str],
+  def _generate_examples(self, reader: archives.ImageArchive, names: list[str],
                          lookup: dict[str, int]) -> Iterator[tuple[int, dict]]:
     for key, name in enumerate(names):
       cls = name.split("/", 1)[0]
       yield key, {
-          "image": common.checked_image(reader.read(name), f"dtd/images/{name}"),
+          "image": images.checked_image(reader.read(name), f"dtd/images/{name}"),
           "file_name": f"texture/{name}",
           "ood_class": cls,
           "ood_class_id": lookup[cls],
