@@ -6,11 +6,18 @@ so the code also works under `tfds.testing.DatasetBuilderTestCase`, which forbid
 """
 from __future__ import annotations
 
+import contextlib
 import tarfile
 import zipfile
 from typing import Iterable, Iterator, Optional
 
 from etils import epath
+
+from tfds_fi_imagenet.errors import UsageError
+
+# what tarfile / zipfile raise on a truncated or corrupt archive
+_ARCHIVE_ERRORS = (tarfile.TarError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError,
+                   OSError, ValueError)
 
 
 def _is_hidden(name: str) -> bool:
@@ -46,6 +53,19 @@ class ImageArchive:
     self._handle = None
     self._members: Optional[dict[str, object]] = None
 
+  @contextlib.contextmanager
+  def _reading(self, member: Optional[str] = None):
+    """Turns a truncated / corrupt archive into one UsageError naming the file (and member)."""
+    try:
+      yield
+    except UsageError:
+      raise
+    except _ARCHIVE_ERRORS as e:
+      where = f" (member {member!r})" if member else ""
+      raise UsageError(
+          f"Cannot read {self.path}{where}: {type(e).__name__}: {e}. The file is truncated or "
+          f"corrupt; download it again (compare its size / checksum with the source's).") from None
+
   @property
   def random_access(self) -> bool:
     return self.kind != "stream"
@@ -64,40 +84,49 @@ class ImageArchive:
     if self.kind == "stream":
       raise ValueError(f"{self.path} is a compressed tar: it has no cheap name listing.")
     if self._members is None:
-      members: dict[str, object] = {}
-      if self.kind == "dir":
-        stack = [(self.path, "")]
-        while stack:  # iterdir, not rglob: epath's GPath rejects '**' patterns
-          folder, prefix = stack.pop()
-          for p in folder.iterdir():
-            rel = prefix + p.name
-            if _is_hidden(rel):
-              continue
-            if p.is_dir():
-              stack.append((p, rel + "/"))
-            else:
-              members[rel] = p
-      elif self.kind == "zip":
-        for info in self._open().infolist():
-          if not info.is_dir() and not _is_hidden(info.filename):
-            members[info.filename.lstrip("/")] = info
-      else:
-        for info in self._open().getmembers():
-          name = info.name[2:] if info.name.startswith("./") else info.name
-          if info.isfile() and not _is_hidden(name):
-            members[name] = info
-      self._members = members
+      with self._reading():
+        self._members = self._list_members()
     return sorted(self._members)
+
+  def _list_members(self) -> dict[str, object]:
+    """{name: member} of a folder, zip or tar (the tar's headers are read to its end)."""
+    members: dict[str, object] = {}
+    if self.kind == "dir":
+      stack = [(self.path, "")]
+      while stack:  # iterdir, not rglob: epath's GPath rejects '**' patterns
+        folder, prefix = stack.pop()
+        for p in folder.iterdir():
+          rel = prefix + p.name
+          if _is_hidden(rel):
+            continue
+          if p.is_dir():
+            stack.append((p, rel + "/"))
+          else:
+            members[rel] = p
+    elif self.kind == "zip":
+      for info in self._open().infolist():
+        if not info.is_dir() and not _is_hidden(info.filename):
+          members[info.filename.lstrip("/")] = info
+    else:
+      for info in self._open().getmembers():
+        name = info.name[2:] if info.name.startswith("./") else info.name
+        if info.isfile() and not _is_hidden(name):
+          members[name] = info
+    return members
 
   def read(self, name: str) -> bytes:
     """Bytes of one member (random-access kinds only)."""
     self.names()
     member = self._members[name]
-    if self.kind == "dir":
-      return member.read_bytes()
-    if self.kind == "zip":
-      return self._open().read(member)
-    return self._open().extractfile(member).read()
+    with self._reading(name):
+      if self.kind == "dir":
+        return member.read_bytes()
+      if self.kind == "zip":
+        return self._open().read(member)
+      data = self._open().extractfile(member).read()
+      if len(data) != member.size:
+        raise EOFError(f"{len(data)} of {member.size} bytes")
+      return data
 
   def position(self, name: str):
     """Sort key placing members in storage order (fewer seeks when reading many)."""
@@ -115,11 +144,14 @@ class ImageArchive:
       for name in self.names():
         yield name, self.read(name)
       return
-    with self.path.open("rb") as f, tarfile.open(fileobj=f, mode="r|*") as tar:
+    with self._reading(), self.path.open("rb") as f, tarfile.open(fileobj=f, mode="r|*") as tar:
       for info in tar:
         name = info.name[2:] if info.name.startswith("./") else info.name
         if info.isfile() and not _is_hidden(name):
-          yield name, tar.extractfile(info).read()
+          data = tar.extractfile(info).read()
+          if len(data) != info.size:
+            raise EOFError(f"member {name!r}: {len(data)} of {info.size} bytes")
+          yield name, data
 
   def close(self) -> None:
     if self._handle is not None:
