@@ -2,8 +2,9 @@
 
 big_vision stores params as a flat `np.savez` archive whose keys are '/'-joined tree paths;
 bfloat16 arrays come back from numpy as the 2-byte void dtype `|V2`. HF / timm / open_clip
-weights come as safetensors (read here with numpy only, so loading needs no torch) or as
-PyTorch state dicts (`torch.load(weights_only=True)`, never a pickle of arbitrary objects).
+weights come as safetensors or as PyTorch `torch.save` files (.pth / .bin), both read with
+numpy only: torch is never needed at run time. Torch files are unpickled with an allow-list
+(tensors, containers, scalars; `torch_pickle.py`), as `torch.load(weights_only=True)` does.
 Every reader turns a bad file into one `CheckpointError` naming the file and where to get the
 right one (`hint`).
 """
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import pickle  # only for its error type (torch.load raises pickle.UnpicklingError)
+import pickle  # only for its error type (a damaged torch file raises pickle.UnpicklingError)
 import re
+import struct
 import zipfile
 from typing import Any, Mapping, Optional
 
@@ -20,6 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from fi_jax.models.checkpoints import CheckpointError, Flat, flatten, recover_tree, tree_get
+from fi_jax.models.convert import torch_pickle
 
 
 def recover_dtype(a: np.ndarray) -> np.ndarray:
@@ -139,46 +142,37 @@ def load_params(path: str, hint: str = "") -> dict:
 # ----------------------------------------------------------------------------- PyTorch
 
 def _read_torch(path: str, hint: str) -> dict[str, np.ndarray]:
-  """torch.load(weights_only=True) -> numpy."""
-  try:
-    import torch  # pylint: disable=g-import-not-at-top  (heavy optional dependency)
-  except ImportError:
-    raise CheckpointError(
-        f"{path!r} is a PyTorch file and reading it needs torch (the CPU build is enough); "
-        f"install torch, or use the .safetensors version of the checkpoint. {hint}".strip()
-    ) from None
+  """A torch.save state dict -> numpy, read without torch (allow-listed unpickling, as
+  torch.load(weights_only=True)); bfloat16 tensors become float32."""
   if _is_torchscript(path):
     raise CheckpointError(
         f"{path!r} is a TorchScript archive (like OpenAI's original CLIP .pt files), not a "
         f"state dict; use the state-dict version (.safetensors/.bin). {hint}".strip())
   try:
-    obj = torch.load(path, map_location="cpu", weights_only=True)
-  except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
+    obj = torch_pickle.load(path)
+  except torch_pickle.UnsupportedContent as e:
+    raise CheckpointError(f"Cannot read {path!r} as a PyTorch state dict: {e}. {hint}".strip()
+                          ) from None
+  except (zipfile.BadZipFile, EOFError, OSError, pickle.UnpicklingError, struct.error,
+          ValueError, KeyError, IndexError, TypeError) as e:
     raise CheckpointError(
-        f"Cannot read {path!r} as a PyTorch state dict ({str(e).splitlines()[0]}). "
-        f"{hint}".strip()) from None
+        f"Cannot read {path!r} as a PyTorch state dict: the file is truncated or corrupt "
+        f"({type(e).__name__}: {str(e)[:200]}). {hint}".strip()) from None
   if not isinstance(obj, Mapping):
     raise CheckpointError(
         f"{path!r} holds a {type(obj).__name__}, not a state dict. {hint}".strip())
   out = {}
   for k, v in obj.items():
     if isinstance(v, Mapping):
-      out.update({f"{k}.{kk}": vv for kk, vv in _tensors_to_numpy(v).items()})
-    elif hasattr(v, "numpy"):
-      out[k] = _tensor_to_numpy(v)
+      out.update({f"{k}.{kk}": _float32_if_bf16(vv) for kk, vv in v.items()
+                  if isinstance(vv, np.ndarray)})
+    elif isinstance(v, np.ndarray):
+      out[k] = _float32_if_bf16(v)
   return out
 
 
-def _tensors_to_numpy(d: Mapping) -> dict[str, np.ndarray]:
-  return {k: _tensor_to_numpy(v) for k, v in d.items() if hasattr(v, "numpy")}
-
-
-def _tensor_to_numpy(v) -> np.ndarray:
-  import torch  # pylint: disable=g-import-not-at-top  (heavy optional dependency)
-  v = v.detach().cpu()
-  if v.dtype == torch.bfloat16:
-    v = v.to(torch.float32)
-  return v.numpy()
+def _float32_if_bf16(a: np.ndarray) -> np.ndarray:
+  return a.astype(np.float32) if a.dtype == ml_dtypes.bfloat16 else a
 
 
 def _is_torchscript(path: str) -> bool:
