@@ -271,7 +271,7 @@ class OptFS(Detector):
   sum_j [h_j in interval i] W[j, pred] h_j (pred = argmax of the fit logits). Score 'energy':
   LSE(W^T h' + b) (default); 'vanilla': <W[:, pred], h'> (the official code's default). The
   quantiles and I are taken over the fit rows, or over a seeded subset of `max_rows` rows
-  (the rows ReAct uses)."""
+  (the rows ReAct samples with the same max_rows and seed), in one pass."""
   name, needs = "optfs", frozenset({"features", "logits", "head"})
   fit_needs = frozenset({"features", "logits"})
   defaults = {"score": "energy", "max_rows": 50_000, "seed": 0}
@@ -284,16 +284,18 @@ class OptFS(Detector):
 
   def _fit(self, train, head):
     mr, seed = self.hparams["max_rows"], self.hparams["seed"]
-    ent = sampled_entries(train, mr, seed, "optfs")
+    # one pass (a one-shot iterator is read once): the rows ReAct samples, with their logits
+    sample = stats.RowSample(mr, seed, ("features", "logits"))
+    for start, chunk in stats.chunks(train):
+      require(chunk.features is not None and chunk.logits is not None,
+              "optfs needs fit Outputs with features and logits.")
+      sample.add(start, chunk)
+    rows = sample.result()
+    ent = rows["features"].reshape(-1)
     lo, hi = np.quantile(ent, 1e-3), np.quantile(ent, 1 - 1e-3)
     require(hi > lo, "optfs: the fit features are constant; no interval to shape.")
     width = (hi - lo) / 100.0
     left = np.arange(lo, hi, width)
-    sample = stats.RowSample(mr, seed, ("features", "logits"))
-    for start, chunk in stats.chunks(train):
-      require(chunk.logits is not None, "optfs needs fit Outputs with logits.")
-      sample.add(start, chunk)
-    rows = sample.result()
     cd = cdtype()
     part = _optfs_chunk(rows["features"], rows["logits"], jnp.asarray(head.w, jnp.float32),
                         jnp.asarray(left, cd), jnp.asarray(width, cd), nbins=len(left))
@@ -350,18 +352,24 @@ class LINe(Detector):
 
   def _fit(self, train, head):
     w = np.asarray(head.w, np.float64)
-    st = stats.moments(train, num_classes=w.shape[1], group="label")
+    hp = self.hparams
+    sample = None
+    if hp["clip"] is None and not stats.is_reiterable(train):
+      # a one-shot iterator is read once: sample the clip rows in the moments pass
+      sample = stats.RowSample(hp["max_rows"], hp["seed"], ("features",))
+    st = stats.moments(train, num_classes=w.shape[1], group="label",
+                       on_chunk=None if sample is None else sample.add)
     means, _ = stats.class_means(st)                      # zeros for empty classes
     contrib = means * w.T                                  # [C, D]
     absc = np.abs(contrib)
-    t_w = np.array([np.percentile(absc[k][:, None] * w, self.hparams["p_w"])
-                    for k in range(len(contrib))])
-    t_a = np.percentile(contrib, self.hparams["p_a"], axis=1)
-    if self.hparams["clip"] is not None:
-      clip = float(self.hparams["clip"])
+    t_w = np.array([np.percentile(absc[k][:, None] * w, hp["p_w"]) for k in range(len(contrib))])
+    t_a = np.percentile(contrib, hp["p_a"], axis=1)
+    if hp["clip"] is not None:
+      clip = float(hp["clip"])
     else:
-      ent = sampled_entries(train, self.hparams["max_rows"], self.hparams["seed"], "line")
-      clip = np.percentile(ent, self.hparams["clip_percentile"])
+      ent = (sample.result()["features"].reshape(-1) if sample is not None else
+             sampled_entries(train, hp["max_rows"], hp["seed"], "line"))
+      clip = np.percentile(ent, hp["clip_percentile"])
     cd = cdtype()
     return {**head_state(head), "abs_contrib": jnp.asarray(absc, cd),
             "thresh_w": jnp.asarray(t_w, cd), "mask_a": jnp.asarray(contrib > t_a[:, None], cd),
