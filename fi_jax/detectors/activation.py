@@ -291,7 +291,7 @@ class OptFS(Detector):
               "optfs needs fit Outputs with features and logits.")
       sample.add(start, chunk)
     rows = sample.result()
-    ent = rows["features"].reshape(-1)
+    ent = rows["features"].reshape(-1).astype(np.float64)
     lo, hi = np.quantile(ent, 1e-3), np.quantile(ent, 1 - 1e-3)
     require(hi > lo, "optfs: the fit features are constant; no interval to shape.")
     width = (hi - lo) / 100.0
