@@ -225,6 +225,47 @@ def reference(name, hp, fit, test, head):
   if name == "mcm":
     t = w / np.linalg.norm(w, axis=0, keepdims=True)
     return _log_msp(_norm(ht).astype(np.float64) @ t / hp["temperature"])
+  if name == "bats":
+    lo = hf.mean(0) - hp["lam"] * hf.std(0)
+    return energy_of(np.clip(ht, lo, hf.mean(0) + hp["lam"] * hf.std(0)))
+  if name == "optfs":
+    rows = _sample_rows(fit, hp)
+    hs, ps = hf[rows], zf[rows].argmax(1)
+    q0, q1 = np.quantile(hs, 1e-3), np.quantile(hs, 1 - 1e-3)
+    width = (q1 - q0) / 100.0
+    left = np.arange(q0, q1, width)
+    binned = lambda x: np.where(x < left[np.maximum(np.searchsorted(left, x, "right") - 1, 0)]
+                                + width, np.searchsorted(left, x, "right") - 1, -1)
+    bf = binned(hs)
+    lc = (w.T[ps] * hs)[bf >= 0]
+    contrib = np.bincount(bf[bf >= 0], lc, len(left)) / len(hs)
+    theta = contrib / np.linalg.norm(contrib) * 1000
+    bt = binned(ht)
+    shaped = np.where(bt >= 0, theta[np.maximum(bt, 0)], 0) * ht
+    return energy_of(shaped) if hp["score"] == "energy" else (w.T[zt.argmax(1)] * shaped).sum(1)
+  if name == "line":
+    means, _ = _class_means(hf, yf, c)
+    contrib = means * w.T
+    tw = np.array([np.percentile(np.abs(contrib[k])[:, None] * w, hp["p_w"]) for k in range(c)])
+    ma = contrib > np.percentile(contrib, hp["p_a"], axis=1)[:, None]
+    clip = hp["clip"] or np.percentile(np.asarray(fit.features)[_sample_rows(fit, hp)],
+                                       hp["clip_percentile"])
+    x = np.minimum(ht, clip)
+    pred = (x @ w + b).argmax(1)
+    out = np.empty((len(x), c))
+    for k in np.unique(pred):                 # one masked W per predicted class
+      sel = pred == k
+      out[sel] = (x[sel] * ma[k]) @ np.where(np.abs(contrib[k])[:, None] * w > tw[k], w, 0) + b
+    return _lse(out)
+  if name in ("weiper", "weiper_kld"):
+    from fi_jax.detectors import weiper as weiper_lib   # the same seeded draw of W~
+    wt, bt = (x.astype(np.float64) for x in weiper_lib.perturbed_head(
+        w, b, repeats=hp["repeats"], delta=hp["delta"], seed=hp["seed"]))
+    zr = (ht @ wt + bt).reshape(len(ht), hp["repeats"], c)
+    msp = np.exp(zr.max(-1) - scipy.special.logsumexp(zr, axis=-1)).mean(-1)
+    if name == "weiper":
+      return np.log(msp)
+    raise ValueError("weiper_kld: no vectorised reference here (tests/test_detectors_wave2b.py)")
   raise ValueError(f"no reference for {name}")
 
 

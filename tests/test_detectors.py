@@ -457,7 +457,8 @@ def test_odin_equals_torch_reference():
 
 _ALL_FIT = {"vim": {"dim": 20}, "residual": {"dim": 20}, "knn": {"k": 5},
             "nnguide": {"k": 5, "alpha": 0.3}, "tempscale": {"max_rows": 1000},
-            "react": {"max_rows": 1000}}
+            "react": {"max_rows": 1000}, "weiper": {"repeats": 5},
+            "weiper_kld": {"repeats": 5}}
 
 
 def _batches(out, sizes):
@@ -527,7 +528,7 @@ def test_react_subsampled_quantile(nonneg):
 
 def test_registry_and_errors():
   names = detectors.names()
-  assert len(names) == 26 and len(set(names)) == 26
+  assert len(names) == 31 and len(set(names)) == 31
   assert {"msp", "vim", "knn", "odin", "mcm", "relative_cosine", "ash_b"} <= set(names)
   with pytest.raises(ValueError, match="valid:.*msp"):
     detectors.build("nope")

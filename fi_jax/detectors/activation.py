@@ -1,4 +1,4 @@
-"""Feature-shaping energy scores: ReAct, ASH-P/-B/-S, SCALE, DICE
+"""Feature-shaping energy scores: ReAct, ASH-P/-B/-S, SCALE, DICE, BATS, OptFS, LINe
 (docs/detectors.md#feature-shaping-energy-scores).
 
 Each reshapes the penultimate features (or the head's weights) and returns the energy
@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import Detector, cdtype, fc, head_logits, head_state, require
+from fi_jax.detectors.core import (Detector, cdtype, fc, head_logits, head_state, matmul,
+                                   require)
 
 
 def _energy_of(h, state):
@@ -25,6 +26,19 @@ def _energy_of(h, state):
 
 def _check_percentile(name, hp):
   require(0 <= hp["percentile"] <= 100, f"{name}: percentile must be in [0, 100].")
+
+
+def sampled_entries(train, max_rows: int, seed: int, name: str) -> np.ndarray:
+  """All entries of the fit features (flattened), or of a seeded uniform subset of `max_rows`
+  rows (stats.RowSample); the same rows for every percentile and every detector that asks
+  with the same (max_rows, seed): shared inside detectors.shared()."""
+  def sample_rows():
+    sample = stats.RowSample(max_rows, seed, ("features",))
+    for start, chunk in stats.chunks(train):
+      require(chunk.features is not None, f"{name} needs fit Outputs with features.")
+      sample.add(start, chunk)
+    return sample.result()["features"].reshape(-1)
+  return shared.memo((train,), ("react_rows", max_rows, seed), sample_rows)
 
 
 class ReAct(Detector):
@@ -44,15 +58,7 @@ class ReAct(Detector):
     require(int(hp["max_rows"]) >= 1, "react: max_rows must be >= 1.")
 
   def _fit(self, train, head):
-    def sample_rows():
-      sample = stats.RowSample(self.hparams["max_rows"], self.hparams["seed"], ("features",))
-      for start, chunk in stats.chunks(train):
-        require(chunk.features is not None, "react needs fit Outputs with features.")
-        sample.add(start, chunk)
-      return sample.result()["features"].reshape(-1)
-    # the same rows for every percentile: shared inside detectors.shared()
-    feats = shared.memo((train,), ("react_rows", self.hparams["max_rows"], self.hparams["seed"]),
-                        sample_rows)
+    feats = sampled_entries(train, self.hparams["max_rows"], self.hparams["seed"], "react")
     clip = np.percentile(feats, self.hparams["percentile"])
     return {**head_state(head), "clip": jnp.asarray(clip, jnp.float32)}
 
@@ -178,3 +184,205 @@ class DICE(Detector):
 
   def _score(self, state, features, logits):
     return _energy_of(features, state)
+
+
+def _energy64(h, state):
+  """LSE(h W + b) with the matmul in the compute dtype (float64 under x64)."""
+  return jax.nn.logsumexp(matmul(fc(h), fc(state["w"])) + fc(state["b"]), axis=-1)
+
+
+# ----------------------------------------------------------------------------- BATS
+
+@jax.jit
+def _var_chunk(h, shift):
+  x = fc(h) - shift
+  return {"n": jnp.asarray(x.shape[0], x.dtype), "sum": jnp.sum(x, 0), "sumsq": jnp.sum(x * x, 0)}
+
+
+def feature_mean_std(train) -> tuple[np.ndarray, np.ndarray]:
+  """Per-dimension mean and (population) std of the fit features: float64 sums about the
+  first chunk's mean K, in fixed chunks (batching-independent); shared inside shared()."""
+  def compute():
+    total, k = None, None
+    for _, chunk in stats.chunks(train):
+      require(chunk.features is not None, "This detector needs fit Outputs with features.")
+      if k is None:
+        k = np.asarray(jnp.mean(fc(chunk.features), 0), np.float64)
+      total = stats.add_sums(total, _var_chunk(chunk.features, jnp.asarray(k, cdtype())))
+    require(total is not None, "The fit set is empty.")
+    d = total["sum"] / total["n"]
+    var = np.maximum(total["sumsq"] / total["n"] - d * d, 0.0)
+    return k + d, np.sqrt(var)
+  return shared.memo((train,), ("feature_mean_std",), compute)
+
+
+class BATS(Detector):
+  """BATS (Zhu et al. NeurIPS'22) on the penultimate features: energy of W^T h' + b with
+  h' = clip(h, mu - lam sigma, mu + lam sigma), mu / sigma the per-dimension mean / std of the
+  fit features. The paper truncates the last BN layer's output to beta -+ lam |gamma| inside the
+  network (the BN's own statistics); fi_jax sees only the pooled features, so the feature
+  statistics of the fit set stand in for (beta, gamma) (docs/detectors.md#bats).
+  lam = 1.05 (the paper's ImageNet ResNet-50 value)."""
+  name, needs = "bats", frozenset({"features", "head"})
+  fit_needs = frozenset({"features"})
+  defaults = {"lam": 1.05}
+
+  @classmethod
+  def validate(cls, hp):
+    require(0 < hp["lam"] < np.inf, "bats: lam must be a finite number > 0.")
+
+  def _fit(self, train, head):
+    mu, sd = feature_mean_std(train)
+    lam = float(self.hparams["lam"])
+    cd = cdtype()
+    return {**head_state(head), "lo": jnp.asarray(mu - lam * sd, cd),
+            "hi": jnp.asarray(mu + lam * sd, cd)}
+
+  def _score(self, state, features, logits):
+    return _energy64(jnp.clip(fc(features), state["lo"], state["hi"]), state)
+
+
+# ----------------------------------------------------------------------------- OptFS
+
+def _bins_of(h, left, width):
+  """Index i of the interval [left_i, left_i + width) holding each entry of h; -1 if none."""
+  i = jnp.searchsorted(left, h, side="right") - 1
+  ok = (i >= 0) & (h < left[jnp.maximum(i, 0)] + width)
+  return jnp.where(ok, i, -1)
+
+
+@functools.partial(jax.jit, static_argnames=("nbins",))
+def _optfs_chunk(h, logits, w, left, width, *, nbins: int):
+  """sum over rows and dims of w[j, pred] h_j per interval of h_j (float64)."""
+  h = fc(h)
+  pred = jnp.argmax(logits, -1)
+  lc = h * fc(w).T[pred]
+  idx = _bins_of(h, left, width)
+  seg = jnp.where(idx >= 0, idx, nbins).reshape(-1)
+  return {"n": jnp.asarray(h.shape[0], h.dtype),
+          "contrib": jax.ops.segment_sum(lc.reshape(-1), seg, nbins + 1)[:nbins]}
+
+
+class OptFS(Detector):
+  """OptFS (Zhao et al. ICLR'24): a piecewise-constant shaping h'_j = theta_i(h_j) h_j over 100
+  equal intervals [l_i, l_i + width) spanning the 0.1% and 99.9% quantiles of all fit feature
+  entries (l = numpy arange(q_lo, q_hi, width), width = (q_hi - q_lo) / 100; entries outside
+  every interval are zeroed); theta = 1000 I / |I|_2 with I_i = mean over fit rows of
+  sum_j [h_j in interval i] W[j, pred] h_j (pred = argmax of the fit logits). Score 'energy':
+  LSE(W^T h' + b) (default); 'vanilla': <W[:, pred], h'> (the official code's default). The
+  quantiles and I are taken over the fit rows, or over a seeded subset of `max_rows` rows
+  (the rows ReAct samples with the same max_rows and seed), in one pass."""
+  name, needs = "optfs", frozenset({"features", "logits", "head"})
+  fit_needs = frozenset({"features", "logits"})
+  defaults = {"score": "energy", "max_rows": 50_000, "seed": 0}
+  score_only = frozenset({"score"})
+
+  @classmethod
+  def validate(cls, hp):
+    require(hp["score"] in ("energy", "vanilla"), "optfs: score must be 'energy' or 'vanilla'.")
+    require(int(hp["max_rows"]) >= 1, "optfs: max_rows must be >= 1.")
+
+  def _fit(self, train, head):
+    mr, seed = self.hparams["max_rows"], self.hparams["seed"]
+    # one pass (a one-shot iterator is read once): the rows ReAct samples, with their logits
+    sample = stats.RowSample(mr, seed, ("features", "logits"))
+    for start, chunk in stats.chunks(train):
+      require(chunk.features is not None and chunk.logits is not None,
+              "optfs needs fit Outputs with features and logits.")
+      sample.add(start, chunk)
+    rows = sample.result()
+    ent = rows["features"].reshape(-1).astype(np.float64)
+    lo, hi = np.quantile(ent, 1e-3), np.quantile(ent, 1 - 1e-3)
+    require(hi > lo, "optfs: the fit features are constant; no interval to shape.")
+    width = (hi - lo) / 100.0
+    left = np.arange(lo, hi, width)
+    cd = cdtype()
+    part = _optfs_chunk(rows["features"], rows["logits"], jnp.asarray(head.w, jnp.float32),
+                        jnp.asarray(left, cd), jnp.asarray(width, cd), nbins=len(left))
+    contrib = np.asarray(part["contrib"], np.float64) / float(part["n"])
+    norm = np.linalg.norm(contrib)
+    require(norm > 0, "optfs: the fit contributions are all zero.")
+    return {**head_state(head), "left": jnp.asarray(left, cd), "width": jnp.asarray(width, cd),
+            "theta": jnp.asarray(contrib / norm * 1000.0, cd)}
+
+  def _score(self, state, features, logits):
+    h = fc(features)
+    idx = _bins_of(h, state["left"], state["width"])
+    shaped = jnp.where(idx >= 0, state["theta"][jnp.maximum(idx, 0)], 0.0) * h
+    if self.hparams["score"] == "vanilla":
+      wp = fc(state["w"]).T[jnp.argmax(logits, -1)]
+      return jnp.sum(wp * shaped, -1)
+    return _energy64(shaped, state)
+
+
+# ----------------------------------------------------------------------------- LINe
+
+def _line_block_logits(x, pred, state):
+  """sum_j x_j mask_a[pred, j] W[j, k] [|c[pred, j]| W[j, k] > t_w[pred]] + b_k for a block."""
+  w = fc(state["w"])
+  keep_w = state["abs_contrib"][pred][:, :, None] * w[None] > state["thresh_w"][pred][:, None, None]
+  cp = x * state["mask_a"][pred]
+  return jnp.einsum("bj,bjk->bk", cp, jnp.where(keep_w, w[None], 0.0),
+                    precision=jax.lax.Precision.HIGHEST) + fc(state["b"])
+
+
+class LINe(Detector):
+  """LINe (Ahn et al. CVPR'23), the official post-hoc form: contributions c[k, j] = mu_k[j] W[j, k]
+  (the class-mean first-order Taylor / Shapley approximation h_j dz_y/dh_j of the fit rows of
+  true class k); per class k: weight mask [|c[k, j]| W[j, k'] > t_k], t_k = the p_w-th
+  percentile of all D*C entries of |c[k]|[:, None] * W; activation mask [c[k, j] > a_k], a_k the
+  p_a-th percentile of c[k]. Score: x = min(h, clip), y = argmax(W^T x + b),
+  LSE over k' of sum_j x_j amask[y, j] W[j, k'] wmask_y[j, k'] + b_k'. clip = the
+  `clip_percentile`-th percentile of the fit entries (ReAct's rule and rows; the official code
+  takes an absolute 0.8 for ResNet-50; `clip` > 0 sets an absolute value). A class with no fit
+  row has zero contributions (all its features masked). p_w = p_a = 10 (official ImageNet)."""
+  name, needs = "line", frozenset({"features", "head"})
+  fit_needs = frozenset({"features", "labels"})
+  defaults = {"p_w": 10.0, "p_a": 10.0, "clip_percentile": 90.0, "clip": None,
+              "max_rows": 50_000, "seed": 0, "block_elems": 1 << 24}
+  score_only = frozenset({"block_elems"})
+
+  @classmethod
+  def validate(cls, hp):
+    for k in ("p_w", "p_a", "clip_percentile"):
+      require(0 <= hp[k] <= 100, f"line: {k} must be in [0, 100].")
+    require(hp["clip"] is None or hp["clip"] > 0, "line: clip must be None or > 0.")
+    require(int(hp["max_rows"]) >= 1, "line: max_rows must be >= 1.")
+    require(int(hp["block_elems"]) >= 1, "line: block_elems must be >= 1.")
+
+  def _fit(self, train, head):
+    w = np.asarray(head.w, np.float64)
+    hp = self.hparams
+    sample = None
+    if hp["clip"] is None and not stats.is_reiterable(train):
+      # a one-shot iterator is read once: sample the clip rows in the moments pass
+      sample = stats.RowSample(hp["max_rows"], hp["seed"], ("features",))
+    st = stats.moments(train, num_classes=w.shape[1], group="label",
+                       on_chunk=None if sample is None else sample.add)
+    means, _ = stats.class_means(st)                      # zeros for empty classes
+    contrib = means * w.T                                  # [C, D]
+    absc = np.abs(contrib)
+    t_w = np.array([np.percentile(absc[k][:, None] * w, hp["p_w"]) for k in range(len(contrib))])
+    t_a = np.percentile(contrib, hp["p_a"], axis=1)
+    if hp["clip"] is not None:
+      clip = float(hp["clip"])
+    else:
+      ent = (sample.result()["features"].reshape(-1) if sample is not None else
+             sampled_entries(train, hp["max_rows"], hp["seed"], "line"))
+      clip = np.percentile(ent, hp["clip_percentile"])
+    cd = cdtype()
+    return {**head_state(head), "abs_contrib": jnp.asarray(absc, cd),
+            "thresh_w": jnp.asarray(t_w, cd), "mask_a": jnp.asarray(contrib > t_a[:, None], cd),
+            "clip": jnp.asarray(clip, cd)}
+
+  def _score(self, state, features, logits):
+    x = jnp.minimum(fc(features), state["clip"])
+    pred = jnp.argmax(matmul(x, fc(state["w"])) + fc(state["b"]), -1)
+    n, d = x.shape
+    c = state["w"].shape[1]
+    blk = max(1, min(n, int(self.hparams["block_elems"]) // max(d * c, 1)))
+    pad = (-n) % blk
+    xs = jnp.pad(x, ((0, pad), (0, 0))).reshape(-1, blk, d)
+    ps = jnp.pad(pred, (0, pad)).reshape(-1, blk)
+    z = jax.lax.map(lambda a: _line_block_logits(a[0], a[1], state), (xs, ps))
+    return jax.nn.logsumexp(z.reshape(-1, c)[:n], axis=-1)

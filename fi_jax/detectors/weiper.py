@@ -1,0 +1,215 @@
+"""Weight-perturbation scores: WeiPer and WeiPer+KLD (Granz et al. NeurIPS'24)
+(docs/detectors.md#weight-perturbation-scores).
+
+The head's class vectors are perturbed r times, w~_c = w_c + delta |w_c| n / |n|, n ~ N(0, I_D)
+drawn by numpy's `default_rng(seed)` (one [C, D] standard-normal draw per repeat, in order),
+W~ = [W~_1 .. W~_r] as float32 [D, r C] (the model's head dtype) and the bias repeated. The
+perturbed logits z~ = h W~ + b~ are computed in the compute dtype (float64 under x64): the KLD
+variant bins them, and a bin edge must not move with the matmul's rounding.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fi_jax.detectors import shared, stats
+from fi_jax.detectors.core import Detector, cdtype, check_head, fc, log_max_softmax, matmul, require
+
+
+def perturbed_head(w, b, *, repeats: int, delta: float, seed: int):
+  """(W~ float32 [D, r C], b~ float32 [r C]): repeat i occupies columns [i C, (i + 1) C)."""
+  w = np.asarray(w, np.float64)
+  rng = np.random.default_rng(seed)
+  norms = np.linalg.norm(w, axis=0)                     # |w_c| [C]
+  blocks = []
+  for _ in range(repeats):
+    n = rng.standard_normal((w.shape[1], w.shape[0]))    # [C, D]
+    n = n / np.linalg.norm(n, axis=1, keepdims=True)
+    blocks.append(w + (delta * norms[:, None] * n).T)
+  wt = np.concatenate(blocks, axis=1).astype(np.float32)
+  return wt, np.tile(np.asarray(b, np.float32), repeats)
+
+
+def _weiper_state(det, head) -> dict:
+  hp = det.hparams
+  wt, bt = shared.memo((head,), ("weiper_head", hp["repeats"], hp["delta"], hp["seed"]),
+                       lambda: perturbed_head(head.w, head.b, repeats=int(hp["repeats"]),
+                                              delta=float(hp["delta"]), seed=int(hp["seed"])))
+  return {"wt": jnp.asarray(wt), "bt": jnp.asarray(bt)}
+
+
+def _perturbed_logits(h, state, repeats: int):
+  """[B, r, C] perturbed logits in the compute dtype."""
+  z = matmul(fc(h), fc(state["wt"])) + fc(state["bt"])
+  return z.reshape(h.shape[0], int(repeats), -1)
+
+
+def _log_mean_msp(z):
+  """log mean_r max_c softmax(z_r) from [B, r, C] (log-sum-exp of the per-repeat log-MSPs)."""
+  lm = log_max_softmax(z)
+  return jax.nn.logsumexp(lm, axis=-1) - jnp.log(z.shape[1])
+
+
+def _validate_common(name, hp):
+  require(int(hp["repeats"]) >= 1, f"{name}: repeats must be >= 1.")
+  require(0 < hp["delta"] < np.inf, f"{name}: delta must be a finite number > 0.")
+  require(int(hp["block_rows"]) >= 1, f"{name}: block_rows must be >= 1.")
+
+
+def _map_blocks(fn, x, block: int):
+  """fn over row blocks of x (padded to a multiple of `block`), results concatenated."""
+  n = x.shape[0]
+  blk = max(1, min(n, block))
+  pad = (-n) % blk
+  xs = jnp.pad(x, ((0, pad), (0, 0))).reshape(-1, blk, x.shape[1])
+  out = jax.lax.map(fn, xs)
+  return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[:n], out)
+
+
+class WeiPer(Detector):
+  """WeiPer's perturbed-logit MSP: log mean_{i<=r} max_c softmax(z~_i)_c (the mean of the r
+  perturbed MSPs, returned as its log). r = 100, delta = 2.1, seed = 0 (the official code's
+  defaults). No fit besides drawing W~ from the head."""
+  name, needs = "weiper", frozenset({"features", "head"})
+  defaults = {"repeats": 100, "delta": 2.1, "seed": 0, "block_rows": 256}
+  score_only = frozenset({"block_rows"})
+
+  @classmethod
+  def validate(cls, hp):
+    _validate_common("weiper", hp)
+
+  def _fit(self, train, head):
+    check_head(head, self.name)
+    return _weiper_state(self, head)
+
+  def _score(self, state, features, logits):
+    return _map_blocks(lambda h: _log_mean_msp(_perturbed_logits(h, state, self.hparams["repeats"])),
+                       features,
+                       int(self.hparams["block_rows"]))
+
+
+# ----------------------------------------------------------------------------- WeiPer+KLD
+
+def smoothing_matrix(nbins: int, size: int) -> np.ndarray:
+  """S with (S q)_i = mean of q over the window [i - (size-1)//2, i + size - 1 - (size-1)//2],
+  indices clamped to [0, nbins) (a length-`size` moving average with replicate padding, as
+  torch's Conv1d(padding='same', padding_mode='replicate'))."""
+  left = (size - 1) // 2
+  s = np.zeros((nbins, nbins))
+  for i in range(nbins):
+    for j in range(i - left, i - left + size):
+      s[i, min(max(j, 0), nbins - 1)] += 1.0 / size
+  return s
+
+
+def _histograms(x, edges):
+  """Per row: the fraction of x's entries in each [edges_i, edges_{i+1}) ([B, nbins])."""
+  nb = edges.shape[0] - 1
+  idx = jnp.searchsorted(edges, x, side="right") - 1
+  idx = jnp.where((idx >= 0) & (idx < nb), idx, nb)
+  rows = jnp.arange(x.shape[0])[:, None]
+  seg = (rows * (nb + 1) + idx).reshape(-1)
+  cnt = jax.ops.segment_sum(jnp.ones(seg.shape, cdtype()), seg, x.shape[0] * (nb + 1))
+  return cnt.reshape(x.shape[0], nb + 1)[:, :nb] / x.shape[1]
+
+
+def _sym_kl(p_mean, q, smooth, eps):
+  """KL(p' || q') + KL(q' || p'), p' = normalise(p_mean + eps), q' = normalise(S q + eps)."""
+  p = p_mean + eps
+  p = p / jnp.sum(p)
+  qs = matmul(q, smooth.T) + eps
+  qs = qs / jnp.sum(qs, -1, keepdims=True)
+  return jnp.sum((p - qs) * (jnp.log(p) - jnp.log(qs)), -1)
+
+
+@jax.jit
+def _minmax_chunk(h, wt, bt):
+  z = matmul(fc(h), fc(wt)) + fc(bt)
+  hh = fc(h)
+  return jnp.stack([hh.min(), hh.max(), z.min(), z.max()])
+
+
+@functools.partial(jax.jit, static_argnames=("nbins",))
+def _density_sums(h, wt, bt, edges_h, edges_z, *, nbins: int):
+  del nbins
+  z = matmul(fc(h), fc(wt)) + fc(bt)
+  return {"n": jnp.asarray(h.shape[0], cdtype()),
+          "dens_h": jnp.sum(_histograms(fc(h), edges_h), 0),
+          "dens_z": jnp.sum(_histograms(z, edges_z), 0)}
+
+
+class WeiPerKLD(Detector):
+  """WeiPer+KLD: -(KLs(P_h, Q_h(x)) + lam1 KLs(P_z, Q_z(x)) - lam2 mean_i MSP(z~_i)).
+
+  Q_h(x) / Q_z(x): the histogram (fractions over `n_bins` equal bins between the fit minimum
+  and maximum + 1e-8) of the D entries of h / the r C entries of z~; P_h / P_z: the mean of the
+  fit rows' histograms; KLs(p, q) = KL(p'||q') + KL(q'||p') with p' = normalised (p + eps),
+  q' = normalised (moving average of q over `smoothing` (Q_h) / `smoothing_perturbed` (Q_z) bins
+  + eps), eps = `epsilon` (h) / `epsilon_noise` (z~). The official code's defaults: r = 100,
+  delta = 2.1, n_bins = 100, smoothing = smoothing_perturbed = 20, epsilon = 0.01,
+  epsilon_noise = 0.025, lam1 = lam2 = 1. The fit (min / max, then the mean histograms, as the
+  official exact_minmax setup) reads the fit rows, or a seeded subset of `max_rows` rows."""
+  name, needs = "weiper_kld", frozenset({"features", "head"})
+  fit_needs = frozenset({"features"})
+  defaults = {"repeats": 100, "delta": 2.1, "seed": 0, "n_bins": 100, "smoothing": 20,
+              "smoothing_perturbed": 20, "epsilon": 0.01, "epsilon_noise": 0.025,
+              "lambda_1": 1.0, "lambda_2": 1.0, "max_rows": 50_000, "block_rows": 256}
+  score_only = frozenset({"block_rows", "lambda_1", "lambda_2"})
+
+  @classmethod
+  def validate(cls, hp):
+    _validate_common("weiper_kld", hp)
+    require(int(hp["n_bins"]) >= 2, "weiper_kld: n_bins must be >= 2.")
+    for k in ("smoothing", "smoothing_perturbed"):
+      require(1 <= int(hp[k]) <= int(hp["n_bins"]), f"weiper_kld: {k} must be in [1, n_bins].")
+    for k in ("epsilon", "epsilon_noise"):
+      require(0 < hp[k] < np.inf, f"weiper_kld: {k} must be a finite number > 0.")
+    for k in ("lambda_1", "lambda_2"):
+      require(0 <= hp[k] < np.inf, f"weiper_kld: {k} must be a finite number >= 0.")
+    require(int(hp["max_rows"]) >= 1, "weiper_kld: max_rows must be >= 1.")
+
+  def _fit(self, train, head):
+    check_head(head, self.name)
+    hp = self.hparams
+    st = _weiper_state(self, head)
+    sample = stats.RowSample(int(hp["max_rows"]), int(hp["seed"]), ("features",))
+    for start, chunk in stats.chunks(train):
+      require(chunk.features is not None, "weiper_kld needs fit Outputs with features.")
+      sample.add(start, chunk)
+    h = sample.result()["features"]
+    nb = int(hp["n_bins"])
+    mm = None
+    for i in range(0, len(h), stats.CHUNK_ROWS):
+      part = np.asarray(_minmax_chunk(h[i:i + stats.CHUNK_ROWS], st["wt"], st["bt"]), np.float64)
+      mm = part if mm is None else np.array([min(mm[0], part[0]), max(mm[1], part[1]),
+                                             min(mm[2], part[2]), max(mm[3], part[3])])
+    edges_h = np.linspace(mm[0], mm[1] + 1e-8, nb + 1)
+    edges_z = np.linspace(mm[2], mm[3] + 1e-8, nb + 1)
+    cd = cdtype()
+    total = None
+    for i in range(0, len(h), stats.CHUNK_ROWS):
+      total = stats.add_sums(total, _density_sums(
+          h[i:i + stats.CHUNK_ROWS], st["wt"], st["bt"], jnp.asarray(edges_h, cd),
+          jnp.asarray(edges_z, cd), nbins=nb))
+    return {**st, "edges_h": jnp.asarray(edges_h, cd), "edges_z": jnp.asarray(edges_z, cd),
+            "dens_h": jnp.asarray(total["dens_h"] / total["n"], cd),
+            "dens_z": jnp.asarray(total["dens_z"] / total["n"], cd)}
+
+  def _score(self, state, features, logits):
+    hp = self.hparams
+    nb = int(hp["n_bins"])
+    s_h = jnp.asarray(smoothing_matrix(nb, int(hp["smoothing"])), cdtype())
+    s_z = jnp.asarray(smoothing_matrix(nb, int(hp["smoothing_perturbed"])), cdtype())
+
+    def block(h):
+      z = _perturbed_logits(h, state, hp["repeats"])
+      msp = jnp.mean(jnp.exp(log_max_softmax(z)), -1)
+      kl_h = _sym_kl(state["dens_h"], _histograms(fc(h), state["edges_h"]), s_h,
+                     float(hp["epsilon"]))
+      kl_z = _sym_kl(state["dens_z"], _histograms(z.reshape(h.shape[0], -1), state["edges_z"]),
+                     s_z, float(hp["epsilon_noise"]))
+      return -(kl_h + float(hp["lambda_1"]) * kl_z - float(hp["lambda_2"]) * msp)
+    return _map_blocks(block, features, int(hp["block_rows"]))
