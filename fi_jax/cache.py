@@ -83,7 +83,7 @@ def load(path: str, *, log: Callable[[str], None] = _warn,
   logged with its path and the reason and reported as None, so that the caller recomputes it.
   """
   if not os.path.exists(os.path.join(path, MANIFEST)):
-    if os.path.isdir(path) and any(f.endswith(".npy") for f in os.listdir(path)):
+    if _orphans(path):   # (newer arrays without a manifest: a first write in progress)
       log(f"cache entry {path}: {MANIFEST} is missing; recomputing it")
     return None
   last = None
@@ -108,6 +108,17 @@ def load(path: str, *, log: Callable[[str], None] = _warn,
       return None
   log(f"cache entry {path}: {missing} is missing; recomputing it")
   return None
+
+
+def _orphans(path: str) -> bool:
+  """Whether `path` holds arrays older than the grace period but no manifest."""
+  try:
+    now = time.time()
+    return any(n.endswith(".npy") and not n.startswith(".tmp-")
+               and now - os.path.getmtime(os.path.join(path, n)) > _GRACE_S
+               for n in os.listdir(path))
+  except OSError:
+    return False
 
 
 def _file(key: str, token: str) -> str:
