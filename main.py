@@ -18,7 +18,7 @@ from absl import logging  # noqa: E402
 import ml_collections  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from fi_jax import distributed, run  # noqa: E402
+from fi_jax import distributed, run, validate  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.abspath(__file__))
 _DEMO = os.path.join(_ROOT, "configs", "demo.py")
@@ -127,7 +127,9 @@ def main():
     _check_overrides(config, argv)
     _define_flags(config, argv)
     argv = flags.FLAGS(argv)   # applies the overrides; bad values raise flags.Error
-  except (UsageError, flags.Error) as e:
+    # every value checked now, before JAX starts or anything is read
+    validate.validate_config(flags.FLAGS.config, flags.FLAGS.workdir)
+  except (UsageError, flags.Error, ValueError) as e:
     print("main.py: error: " + " ".join(str(e).split()), file=sys.stderr)
     sys.exit(2)
   app.run(_main, argv=argv)

@@ -60,6 +60,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.metrics = ml_collections.ConfigDict(dict(tpr=0.95, n_bootstrap=0, per_group=True))
   c.x64 = True
   c.cache = True
+  c.cache_shard_size = 4096       # examples per shard of an extraction (a killed run resumes there)
+  c.nonfinite = "error"           # non-finite features/logits: 'error' | 'drop' (rows, counted)
   return c
 
 

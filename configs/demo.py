@@ -31,6 +31,7 @@ def get_config(arg=None):
   c.pp = "value_range(-1, 1, 0, 16)"   # digits are in [0, 16]
   c.input_std = (0.5,)                 # one channel; [0, 1] pixels span 2 units of the input
   c.batch_size = 128
+  c.cache_shard_size = 256             # a few shards per set, so that a killed run resumes
   c.id_name = "digits_0-5"
   c.id_fit = ml_collections.ConfigDict(dict(source="digits", split="train", classes=ID_DIGITS))
   c.id_test = ml_collections.ConfigDict(dict(source="digits", split="test", classes=ID_DIGITS))

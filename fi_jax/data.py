@@ -168,12 +168,14 @@ def open_set(spec: dict, process_index: int = 0, process_count: int = 1):
 
 
 def batches(spec: dict, pp_fn: Callable[[dict], dict], global_batch_size: int, *,
-            process_index: int = 0, process_count: int = 1,
+            process_index: int = 0, process_count: int = 1, skip_steps: int = 0,
             prefetch: int = 2) -> tuple[Iterator[dict[str, np.ndarray]], int, SetInfo]:
   """Padded batches of this process's part of a set.
 
   Returns (iterator of numpy dicts with a local batch of global_batch_size // process_count,
-  number of steps (the same on every process), SetInfo).
+  number of steps (the same on every process), SetInfo). With `skip_steps` the iterator starts
+  at that step (resuming an extraction): the examples of the skipped steps are dropped before
+  preprocessing, so every later batch holds exactly what it holds in a full pass.
   """
   tf = _tf()
   if global_batch_size % process_count:
@@ -182,6 +184,10 @@ def batches(spec: dict, pp_fn: Callable[[dict], dict], global_batch_size: int, *
   local_bs = global_batch_size // process_count
   ds, info = open_set(spec, process_index, process_count)
   steps = max(1, math.ceil(max(info.num_examples_per_process) / local_bs))
+  if not 0 <= skip_steps <= steps:
+    raise ValueError(f"skip_steps {skip_steps} is outside [0, {steps}].")
+  if skip_steps:
+    ds = ds.skip(skip_steps * local_bs)
 
   def pp(ex):
     out = pp_fn(dict(ex))
@@ -194,7 +200,8 @@ def batches(spec: dict, pp_fn: Callable[[dict], dict], global_batch_size: int, *
                      "end the pp string with a resize or central_crop.")
   pad = tf.data.Dataset.from_tensors(
       {k: tf.zeros(s.shape, s.dtype) for k, s in spec_.items()}).repeat()
-  ds = ds.concatenate(pad).batch(local_bs, drop_remainder=True).take(steps).prefetch(prefetch)
+  ds = ds.concatenate(pad).batch(local_bs, drop_remainder=True).take(steps - skip_steps)
+  ds = ds.prefetch(prefetch)
   return ds.as_numpy_iterator(), steps, info
 
 

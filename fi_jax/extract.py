@@ -7,7 +7,7 @@ are gathered (replicated) so that every process holds the whole set's arrays; pa
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import jax
 import numpy as np
@@ -20,11 +20,12 @@ PredictFn = Callable[[object, jax.Array], tuple[jax.Array, jax.Array]]
 InputScorer = Callable[[object, jax.Array], jax.Array]
 
 
-def extract(predict_fn: PredictFn, params, batches: Iterable[dict[str, np.ndarray]], mesh,
-            *, input_scorers: Optional[dict[str, InputScorer]] = None,
-            steps: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
-            ) -> dict[str, np.ndarray]:
-  """Runs the model over every batch; returns {features, logits, label, group, score/<name>...}."""
+def extract_chunks(predict_fn: PredictFn, params, batches: Iterable[dict[str, np.ndarray]],
+                   mesh, *, input_scorers: Optional[dict[str, InputScorer]] = None,
+                   steps: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
+                   ) -> Iterator[dict[str, np.ndarray]]:
+  """Runs the model over every batch; yields each batch's rows (padding dropped) as
+  {features, logits, label, group, _id, score/<name>...}, in the order of `batches`."""
   input_scorers = dict(input_scorers or {})
   repl = distributed.replicated(mesh)
 
@@ -38,19 +39,30 @@ def extract(predict_fn: PredictFn, params, batches: Iterable[dict[str, np.ndarra
 
   step = jax.jit(step, out_shardings=repl)
   params = jax.device_put(params, repl)
-  chunks: list[dict[str, np.ndarray]] = []
   t0, last = time.time(), time.time()
   for i, local in enumerate(batches):
     out = step(params, distributed.global_batch(mesh, local))
     out = jax.device_get(out)
     keep = out.pop("_mask").astype(bool)
-    chunks.append({k: np.asarray(v)[keep] for k, v in out.items()})
+    yield {k: np.asarray(v)[keep] for k, v in out.items()}
     if time.time() - last > 30:
       last = time.time()
       log(f"  batch {i + 1}/{steps or '?'} ({time.time() - t0:.0f} s)")
+
+
+def in_set_order(chunks: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  """Concatenates chunks of rows and puts them into set order by `_id` (which is dropped)."""
   if not chunks:
     raise ValueError("The set produced no batches.")
   arrays = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
   order = np.argsort(arrays.pop("_id"), kind="stable")
   return {k: v[order] for k, v in arrays.items()}
 
+
+def extract(predict_fn: PredictFn, params, batches: Iterable[dict[str, np.ndarray]], mesh,
+            *, input_scorers: Optional[dict[str, InputScorer]] = None,
+            steps: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
+            ) -> dict[str, np.ndarray]:
+  """Runs the model over every batch; returns {features, logits, label, group, score/<name>...}."""
+  return in_set_order(list(extract_chunks(predict_fn, params, batches, mesh,
+                                          input_scorers=input_scorers, steps=steps, log=log)))

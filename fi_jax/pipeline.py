@@ -8,6 +8,7 @@ as `fi_jax.extract.extract` returns them. Set names are "id_fit" (what detectors
 """
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -15,8 +16,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
-from fi_jax import data, detectors, extract, metrics
+from fi_jax import cache, data, detectors, extract, metrics
 
 Log = Callable[[str], None]
 Arrays = dict[str, np.ndarray]
@@ -24,6 +26,10 @@ Arrays = dict[str, np.ndarray]
 LoadFn = Callable[[str, dict, list], Optional[Arrays]]
 # save(set name, spec, input scorer names, arrays, seconds the extraction took)
 SaveFn = Callable[[str, dict, list, Arrays, float], None]
+# shard_root(set name, spec, input scorer names, batch size, shard size) -> the folder of the
+# set's shards (its name must change with anything that moves the shard boundaries)
+ShardRootFn = Callable[[str, dict, list, int, int], str]
+NONFINITE_MODES = ("error", "drop")
 
 
 def _no_log(msg: str) -> None:
@@ -64,15 +70,77 @@ def input_scorers(dets: Mapping[str, Any], names: Sequence[str], predict: extrac
       {}, lambda x: predict(p, x)[0], images, input_std=input_std)) for n in names}
 
 
+def _finished_shards(root: str, log: Log) -> list[Arrays]:
+  """The shards of an interrupted extraction under `root`, in order, up to the first one that
+  is missing or damaged (that one and every later one are recomputed)."""
+  done = []
+  while True:
+    arrays = cache.load(os.path.join(root, f"shard-{len(done):05d}"), log=log)
+    if arrays is None:
+      return done
+    done.append(arrays)
+
+
+def _agree(n: int) -> int:
+  """Process 0's value of `n` on every process (all must skip the same shards)."""
+  if jax.process_count() == 1:
+    return n
+  return int(multihost_utils.broadcast_one_to_all(np.int64(n)))
+
+
+def _extract_sharded(name: str, spec: dict, predict, params, scorers, *, pp_fn: Callable,
+                     batch_size: int, mesh, shard_size: int, shard_root: Optional[str],
+                     log: Log) -> Arrays:
+  """One set through the model, written to `shard_root` in shards of about `shard_size`
+  examples as it goes, so that a rerun after a kill resumes at the shard in flight.
+
+  A shard is a run of whole global batches; its rows are kept in extraction order with their
+  `_id`s, and the set's arrays are all shards' rows put in set order, exactly as one pass
+  would give them (the same batches through the same jitted step).
+  """
+  steps_per_shard = max(1, -(-shard_size // batch_size)) if shard_size else 0
+  done = _finished_shards(shard_root, log) if shard_root and steps_per_shard else []
+  n_done = _agree(len(done))
+  done = done[:n_done]
+  it, steps, info = data.batches(spec, pp_fn, batch_size, process_index=jax.process_index(),
+                                 process_count=jax.process_count(),
+                                 skip_steps=n_done * steps_per_shard)
+  n_shards = -(-steps // steps_per_shard) if steps_per_shard else 1
+  log(f"{name}: {info.num_examples} examples, {steps} batches of {batch_size}"
+      + (f", {n_shards} shards" if n_shards > 1 else ""))
+  if n_done:
+    log(f"{name}: resuming at shard {n_done + 1}/{n_shards} ({n_done} finished shard(s), "
+        f"{sum(len(d['_id']) for d in done)} examples, from {shard_root})")
+  chunks, shard, step = [], [], n_done * steps_per_shard
+  for rows in extract.extract_chunks(predict, params, it, mesh, input_scorers=scorers,
+                                     steps=steps, log=log):
+    shard.append(rows)
+    step += 1
+    if steps_per_shard and step % steps_per_shard == 0 and step < steps:
+      k = step // steps_per_shard - 1
+      arrays = {key: np.concatenate([c[key] for c in shard]) for key in shard[0]}
+      if shard_root and jax.process_index() == 0:
+        cache.save(os.path.join(shard_root, f"shard-{k:05d}"), arrays,
+                   {"set": name, "shard": k, "steps": [k * steps_per_shard, step]})
+        log(f"{name}: shard {k + 1}/{n_shards} saved")
+      chunks.append(arrays)
+      shard = []
+  return extract.in_set_order(done + chunks + shard)
+
+
 def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.PredictFn, Any]],
                  dets: Mapping[str, Any], *, pp_fn: Callable, batch_size: int, mesh,
                  input_std: Sequence[float], log: Log = _no_log,
                  load: Optional[LoadFn] = None, save: Optional[SaveFn] = None,
+                 shard_size: int = 0, shard_root: Optional[ShardRootFn] = None,
                  ) -> dict[str, Arrays]:
   """The arrays of every set: from `load` when it has them, else through the model.
 
   `model()` returns (predict_fn, params) and is called only when a set is extracted (so a
-  caller can build the model lazily); `save` receives every extracted set.
+  caller can build the model lazily); `save` receives every extracted set. With `shard_size`
+  and `shard_root`, a set is also written in shards of about `shard_size` examples while it
+  is extracted (removed once `save` has the whole set), and an interrupted extraction resumes
+  at its first missing shard.
   """
   out = {}
   for name, spec in specs.items():
@@ -82,17 +150,53 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
       predict, params = model()
       scorers = input_scorers(dets, names, predict, input_std)
       t = time.time()
-      it, steps, info = data.batches(spec, pp_fn, batch_size,
-                                     process_index=jax.process_index(),
-                                     process_count=jax.process_count())
-      log(f"{name}: {info.num_examples} examples, {steps} batches of {batch_size}")
-      arrays = extract.extract(predict, params, it, mesh, input_scorers=scorers, steps=steps,
-                               log=log)
+      root = shard_root(name, spec, names, batch_size, shard_size) if shard_root else None
+      arrays = _extract_sharded(name, spec, predict, params, scorers, pp_fn=pp_fn,
+                                batch_size=batch_size, mesh=mesh, shard_size=shard_size,
+                                shard_root=root, log=log)
       if save:
         save(name, spec, names, arrays, time.time() - t)
+      if root:
+        if jax.process_count() > 1:   # every process has read the shards it resumed from
+          multihost_utils.sync_global_devices(f"fi_jax shards {name}")
+        if jax.process_index() == 0:
+          cache.remove(root)
       log(f"{name}: done in {time.time() - t:.1f} s")
     out[name] = arrays
   return out
+
+
+def drop_nonfinite(sets: Mapping[str, Arrays], mode: str = "error", log: Log = _no_log,
+                   ) -> tuple[dict[str, Arrays], dict[str, int]]:
+  """Checks that the model's outputs (features, logits) are finite in every set.
+
+  mode "error": a set with non-finite rows raises one ValueError naming the set, the count
+  and the first example ids; mode "drop": those rows are removed from the set (all its arrays)
+  and counted. Returns (sets, {set name: rows dropped}) with only sets that lost rows counted.
+  """
+  if mode not in NONFINITE_MODES:
+    raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {mode!r}.")
+  out, dropped = {}, {}
+  for name, arrays in sets.items():
+    bad = np.zeros(len(arrays["logits"]), bool)
+    for key in ("features", "logits"):
+      a = np.asarray(arrays[key])
+      if np.issubdtype(a.dtype, np.inexact):
+        bad |= ~np.isfinite(a.reshape(len(a), -1)).all(axis=1)
+    n_bad = int(bad.sum())
+    if n_bad and mode == "error":
+      ids = np.flatnonzero(bad)[:10].tolist()
+      raise ValueError(
+          f"set {name!r}: the model gave non-finite features or logits (NaN/Inf) for {n_bad} "
+          f"of {len(bad)} examples (first example ids: {ids}). Check the checkpoint and the "
+          f"preprocessing, or set --config.nonfinite=drop to drop these examples (the count "
+          f"goes into results.json).")
+    if n_bad:
+      log(f"{name}: dropped {n_bad} of {len(bad)} examples with non-finite features or logits")
+      arrays = {k: np.asarray(v)[~bad] for k, v in arrays.items()}
+      dropped[name] = n_bad
+    out[name] = arrays
+  return out, dropped
 
 
 def outputs_of(arrays: Mapping[str, np.ndarray]) -> detectors.Outputs:

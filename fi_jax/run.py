@@ -19,14 +19,15 @@ import importlib
 import os
 import platform
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fi_jax import (cache, data, detectors, distributed, pipeline, preprocess, report,
-                    train)
+                    train, validate)
+from fi_jax.models import checkpoints
 
 Log = Callable[[str], None]
 
@@ -65,8 +66,12 @@ def default_predictor(model, params, config):
   return predict, head
 
 
-def build_model(config, log: Log):
-  """Returns (predict_fn, params, head, model_meta)."""
+def build_model(config, log: Log, params_cache: Optional[str] = None):
+  """Returns (predict_fn, params, head, model_meta).
+
+  With `params_cache` (a cache entry path), trained parameters are saved there and a later
+  build with the same model key loads them instead of training again.
+  """
   t0 = time.time()
   mod = model_module(config.model_name)
   model_cfg = to_dict(config.model)
@@ -85,7 +90,12 @@ def build_model(config, log: Log):
     params = mod.load(params, config.model_init, model_cfg, **load_kw)
     meta["model_init"] = config.model_init
     log(f"Loaded {config.model_init} ({time.time() - t:.1f} s).")
-  if config.get("train"):
+  trained = cache.load(params_cache, log=log) if config.get("train") and params_cache else None
+  if trained is not None:
+    params = jax.tree.map(jnp.asarray, checkpoints.recover_tree(trained))
+    meta["trained_params_from_cache"] = params_cache
+    log(f"Trained parameters from cache {params_cache} (no training).")
+  elif config.get("train"):
     tcfg = to_dict(config.train)
     arrays = data.train_arrays(to_dict(config.id_fit))
     images = preprocess_arrays(config.pp, arrays["image"])
@@ -94,6 +104,9 @@ def build_model(config, log: Log):
     params = train.train_classifier(model, params, images, arrays["label"], seed=config.seed,
                                     log=log, **tcfg)
     meta["train_seconds"] = round(time.time() - t, 2)
+    if params_cache and jax.process_index() == 0:
+      cache.save(params_cache, {k: np.asarray(v) for k, v in checkpoints.flatten(params).items()},
+                 {"model_name": config.model_name, "train": tcfg})
   factory = getattr(mod, "predictor", None) or default_predictor
   predict, head = factory(model, params, config)
   meta["build_seconds"] = round(time.time() - t0, 2)
@@ -125,13 +138,15 @@ def model_key(config) -> str:
 class LazyModel:
   """Builds (loads or trains) the model only when something is not in the cache yet."""
 
-  def __init__(self, config, log: Log):
+  def __init__(self, config, log: Log, workdir: Optional[str] = None):
     self.config, self.log, self._built = config, log, None
+    self.params_cache = (os.path.join(workdir, "cache", model_key(config), "params")
+                         if workdir and config.get("cache", True) else None)
 
   def get(self):
     """(predict_fn, params, head, model_meta)."""
     if self._built is None:
-      self._built = build_model(self.config, self.log)
+      self._built = build_model(self.config, self.log, self.params_cache)
     return self._built
 
 
@@ -146,7 +161,7 @@ def extract_sets(config, model: LazyModel, workdir: str, log: Log,
 
   def load(name, spec, scorer_names):
     p = path(name, spec, scorer_names)
-    cached = cache.load(p) if config.get("cache", True) else None
+    cached = cache.load(p, log=log) if config.get("cache", True) else None
     if cached is not None:
       log(f"{name}: {len(cached['logits'])} examples from cache {p}")
     return cached
@@ -156,17 +171,23 @@ def extract_sets(config, model: LazyModel, workdir: str, log: Log,
       cache.save(path(name, spec, scorer_names), arrays,
                  {"set": name, "spec": spec, "seconds": seconds})
 
+  def shard_root(name, spec, scorer_names, batch_size, shard_size):
+    # shard boundaries are runs of global batches: they move with these
+    return (path(name, spec, scorer_names) + ".shards-"
+            + cache.key_of(batch_size, shard_size, jax.process_count()))
+
   return pipeline.extract_sets(
       set_specs(config), lambda: model.get()[:2], dets,
       pp_fn=preprocess.get_preprocess_fn(config.pp), batch_size=config.batch_size,
       mesh=distributed.data_mesh(), input_std=config.get("input_std", (0.5, 0.5, 0.5)),
-      log=log, load=load, save=save)
+      log=log, load=load, save=save, shard_size=config.get("cache_shard_size", 0),
+      shard_root=shard_root if config.get("cache", True) else None)
 
 
-def cached_head(config, model: LazyModel, workdir: str):
+def cached_head(config, model: LazyModel, workdir: str, log: Log = _log_default):
   """The classifier head (cached beside the features, so a rerun needs no model at all)."""
   path = os.path.join(workdir, "cache", model_key(config), "head")
-  arrays = cache.load(path) if config.get("cache", True) else None
+  arrays = cache.load(path, log=log) if config.get("cache", True) else None
   if arrays is None:
     head = model.get()[2]
     arrays = {"w": np.asarray(head.w), "b": np.asarray(head.b)}
@@ -189,15 +210,17 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
   """Runs the whole benchmark described by `config`; writes and returns the results."""
   t_start = time.time()
   timings: dict[str, float] = {}
+  validate.validate_config(config, workdir)   # every bad value fails here, before any work
   if config.get("x64", True):
     jax.config.update("jax_enable_x64", True)
   os.makedirs(workdir, exist_ok=True)
 
-  dets = build_detectors(config)   # fails fast on unknown detector names / hparams
-  model = LazyModel(config, log)
+  dets = build_detectors(config)
+  model = LazyModel(config, log, workdir)
   t = time.time()
   sets = extract_sets(config, model, workdir, log, dets)
-  head = cached_head(config, model, workdir)
+  sets, dropped = pipeline.drop_nonfinite(sets, config.get("nonfinite", "error"), log)
+  head = cached_head(config, model, workdir, log)
   timings["extract"] = time.time() - t   # includes building the model, if needed
   model_meta = model.get()[3] if model._built else {  # pylint: disable=protected-access
       "model_name": config.model_name, "model": to_dict(config.model), "from_cache": True}
@@ -224,7 +247,7 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
           "devices": [str(d) for d in jax.devices()], "process_count": jax.process_count(),
           "set_sizes": {k: int(len(v["logits"])) for k, v in sets.items()},
           "timings_s": {k: round(v, 3) for k, v in timings.items()},
-          "detector_errors": errors, **model_meta,
+          "detector_errors": errors, "nonfinite_dropped": dropped, **model_meta,
       },
       "id_accuracy": pipeline.id_accuracy(sets["id_test"]),
       "rows": rows,

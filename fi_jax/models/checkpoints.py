@@ -106,9 +106,22 @@ def merge_params(loaded: Mapping[str, Any], init: Mapping[str, Any],
     if k in flat_loaded and not skipped(k):
       dtype = v.dtype if hasattr(v, "dtype") else np.asarray(v).dtype
       merged[k] = np.asarray(flat_loaded[k]).astype(dtype)
+      check_finite(merged[k], k, source, hint)
     else:
       merged[k] = v
   return recover_tree(merged)
+
+
+def check_finite(value: Any, name: str, source: str = "checkpoint", hint: str = "") -> None:
+  """A loaded parameter with NaN or Inf values is a damaged checkpoint: one CheckpointError
+  naming the file and the tensor (it would otherwise give NaN outputs, or plausible numbers)."""
+  a = np.asarray(value)
+  if not np.issubdtype(a.dtype, np.inexact):
+    return
+  bad = int(a.size - np.count_nonzero(np.isfinite(a.astype(np.float32, copy=False))))
+  if bad:
+    raise CheckpointError(f"{source}: tensor {name!r} has {bad} non-finite (NaN/Inf) value(s) "
+                          f"of {a.size}; the checkpoint is damaged." + (f" {hint}" if hint else ""))
 
 
 # ----------------------------------------------------------------------------- layouts

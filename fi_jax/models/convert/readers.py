@@ -16,6 +16,7 @@ import pickle  # only for its error type (a damaged torch file raises pickle.Unp
 import re
 import struct
 import zipfile
+import zlib
 from typing import Any, Mapping, Optional
 
 import ml_dtypes
@@ -38,16 +39,38 @@ def _check_exists(path: str, hint: str) -> None:
     raise FileNotFoundError(f"{msg} {hint}" if hint else msg)
 
 
+# what numpy / zipfile / zlib raise on a truncated, empty or corrupted archive
+_READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError,
+                struct.error)
+
+
+def _first_line(e: BaseException) -> str:
+  lines = str(e).splitlines()
+  return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
 def load_npz(path: str, hint: str = "") -> Flat:
-  """Flat {name: array} from a big_vision-style .npz (or .npy -> {'': array}), bf16 recovered."""
+  """Flat {name: array} from a big_vision-style .npz (or .npy -> {'': array}), bf16 recovered.
+
+  A truncated, empty or corrupted file is one CheckpointError naming the file (and the
+  array, when the archive opens but one of its members does not read)."""
   _check_exists(path, hint)
   try:
-    with np.load(path, allow_pickle=False) as z:
-      return {k: recover_dtype(z[k]) for k in z.files}
-  except AttributeError:  # .npy: np.load returned an array, which has no context manager
-    return {"": recover_dtype(np.load(path, allow_pickle=False))}
-  except (ValueError, OSError) as e:
-    raise CheckpointError(f"Cannot read {path!r} as an npz archive ({e}). {hint}".strip()) from e
+    z = np.load(path, allow_pickle=False)
+  except _READ_ERRORS as e:
+    raise CheckpointError(f"Cannot read {path!r} as an npz archive ({_first_line(e)}); the "
+                          f"file is truncated or corrupted. {hint}".strip()) from None
+  if isinstance(z, np.ndarray):   # a .npy file
+    return {"": recover_dtype(z)}
+  out = {}
+  with z:
+    for k in z.files:
+      try:
+        out[k] = recover_dtype(z[k])
+      except _READ_ERRORS as e:
+        raise CheckpointError(f"Cannot read tensor {k!r} of {path!r} ({_first_line(e)}); the "
+                              f"file is truncated or corrupted. {hint}".strip()) from None
+  return out
 
 
 _ST_DTYPES = {
@@ -76,8 +99,12 @@ def load_safetensors(path: str, hint: str = "") -> Flat:
     path = index if os.path.exists(index) else os.path.join(path, "model.safetensors")
   _check_exists(path, hint)
   if path.endswith(".index.json"):
-    with open(path, encoding="utf-8") as f:
-      shards = sorted(set(json.load(f)["weight_map"].values()))
+    try:
+      with open(path, encoding="utf-8") as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+      raise CheckpointError(f"{path!r} is not a safetensors index (no readable weight_map: "
+                            f"{_first_line(e)}). {hint}".strip()) from None
     out: Flat = {}
     for shard in shards:
       out.update(load_safetensors(os.path.join(os.path.dirname(path), shard), hint))
@@ -86,20 +113,46 @@ def load_safetensors(path: str, hint: str = "") -> Flat:
     raw = f.read()
   try:
     n = int(np.frombuffer(raw[:8], "<u8")[0])
+    if 8 + n > len(raw):
+      raise ValueError(f"header of {n} bytes in a file of {len(raw)}")
     header = json.loads(raw[8:8 + n])
+    if not isinstance(header, dict):
+      raise ValueError("the header is not a JSON object")
   except (ValueError, IndexError, UnicodeDecodeError) as e:
-    raise CheckpointError(f"{path!r} is not a safetensors file ({e}). {hint}".strip()) from e
+    raise CheckpointError(f"{path!r} is not a safetensors file or is truncated ({e}). "
+                          f"{hint}".strip()) from None
   body = memoryview(raw)[8 + n:]
   out = {}
   for name, info in header.items():
     if name == "__metadata__":
       continue
-    if info["dtype"] not in _ST_DTYPES:
-      raise CheckpointError(f"{path!r}: tensor {name!r} has unsupported dtype {info['dtype']}.")
-    start, end = info["data_offsets"]
-    dt = np.dtype(_ST_DTYPES[info["dtype"]]).newbyteorder("<")
-    out[name] = np.frombuffer(body[start:end], dt).reshape(info["shape"]).copy()
+    out[name] = _safetensors_tensor(path, name, info, body, hint)
   return out
+
+
+def _safetensors_tensor(path: str, name: str, info: Any, body: memoryview, hint: str,
+                        ) -> np.ndarray:
+  """One tensor of a safetensors body, after checking its header entry against the data."""
+  bad = lambda why: CheckpointError(f"{path!r}: tensor {name!r} {why}. {hint}".strip())
+  if not isinstance(info, dict) or not all(k in info for k in ("dtype", "shape", "data_offsets")):
+    raise bad(f"has an incomplete header entry {info!r} (needs dtype, shape, data_offsets); "
+              "the file is corrupted")
+  if info["dtype"] not in _ST_DTYPES:
+    raise bad(f"has unsupported dtype {info['dtype']!r}")
+  try:
+    start, end = (int(x) for x in info["data_offsets"])
+    shape = tuple(int(d) for d in info["shape"])
+  except (TypeError, ValueError):
+    raise bad(f"has a malformed shape or data_offsets ({info!r})") from None
+  dt = np.dtype(_ST_DTYPES[info["dtype"]]).newbyteorder("<")
+  expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+  if not 0 <= start <= end or end - start != expected:
+    raise bad(f"has data_offsets {[start, end]} for shape {list(shape)} ({expected} bytes); "
+              "the file is corrupted")
+  if end > len(body):
+    raise bad(f"needs bytes up to {end} of the data but the file has {len(body)}; "
+              "the file is truncated")
+  return np.frombuffer(body[start:end], dt).reshape(shape).copy()
 
 
 def save_npz(path: str, params: Mapping[str, Any]) -> None:
@@ -176,10 +229,13 @@ def _float32_if_bf16(a: np.ndarray) -> np.ndarray:
 
 
 def _is_torchscript(path: str) -> bool:
-  if not zipfile.is_zipfile(path):
-    return False
-  with zipfile.ZipFile(path) as z:
-    return any(n.split("/", 1)[-1].startswith("code/") for n in z.namelist()[:200])
+  try:
+    if not zipfile.is_zipfile(path):
+      return False
+    with zipfile.ZipFile(path) as z:
+      return any(n.split("/", 1)[-1].startswith("code/") for n in z.namelist()[:200])
+  except (zipfile.BadZipFile, OSError, EOFError):
+    return False   # the torch reader reports the damaged file
 
 
 def read_state_dict(path: str, hint: str = "") -> dict[str, np.ndarray]:
