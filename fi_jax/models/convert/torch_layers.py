@@ -74,10 +74,14 @@ def split_fused(w: np.ndarray, b: np.ndarray, n: int = 3) -> list[tuple[np.ndarr
 
 
 class Tensors:
-  """Flat torch-named tensors; `t(name)` returns one or raises a CheckpointError naming it."""
+  """Flat torch-named tensors; `t(name)` returns one or raises a CheckpointError naming it.
+
+  Remembers the names it handed out (`used`), so `check_all_used` can name a tensor the
+  converter did not expect."""
 
   def __init__(self, flat: Mapping[str, np.ndarray], source: str, hint: str = ""):
     self.flat, self.source, self.hint = flat, source, hint
+    self.used: set[str] = set()
 
   def __contains__(self, name: str) -> bool:
     return name in self.flat
@@ -87,7 +91,20 @@ class Tensors:
       raise CheckpointError(
           f"{self.source}: expected tensor {name!r} is missing (the file has e.g. "
           f"{sorted(self.flat)[:4]}). {self.hint}".strip())
+    self.used.add(name)
     return np.asarray(self.flat[name])
+
+  def check_all_used(self, pattern: str = "", what: str = "model") -> None:
+    """Raises a CheckpointError naming the first tensor neither handed out nor matching the
+    regex `pattern` (the block tensors, which convert_blocks checks itself)."""
+    rx = re.compile(pattern) if pattern else None
+    extra = sorted(k for k in self.flat
+                   if k not in self.used and not (rx and rx.fullmatch(k)))
+    if extra:
+      raise CheckpointError(
+          f"{self.source}: unexpected tensor {extra[0]!r} (shape {np.shape(self.flat[extra[0]])}"
+          f"; {len(extra)} unexpected in all) for a {what}: a different architecture or "
+          f"option? {self.hint}".strip())
 
 
 # ----------------------------------------------------------------------------- blocks
@@ -134,11 +151,12 @@ def convert_block(sub: str, v: np.ndarray, num_heads: int, names: Mapping[str, s
 
 
 def convert_blocks(flat: Mapping[str, np.ndarray], pattern: str, num_heads: int,
-                   names: Mapping[str, str], out: str, what: str, hint: str = ""
-                   ) -> dict[str, np.ndarray]:
+                   names: Mapping[str, str], out: str, what: str, hint: str = "",
+                   where: Optional[dict[str, str]] = None) -> dict[str, np.ndarray]:
   """Every tensor whose key fullmatches `pattern` (groups: block index, sub-name) ->
   {f"{out}_{i}/{flax sub-path}": array}; a tensor `convert_block` cannot place raises one
-  CheckpointError naming it, the `what` checkpoint and `hint`."""
+  CheckpointError naming it, the `what` checkpoint and `hint`. `where`, if given, receives
+  {flax path: torch key} (for `check_shapes`)."""
   rx = re.compile(pattern)
   converted = {}
   for key, v in flat.items():
@@ -152,7 +170,29 @@ def convert_blocks(flat: Mapping[str, np.ndarray], pattern: str, num_heads: int,
           f"unknown block tensor, or a width that {num_heads} heads do not divide (wrong "
           f"variant or sizes?). {hint}".strip())
     converted.update({f"{out}_{m[1]}/{k}": a for k, a in conv.items()})
+    if where is not None:
+      where.update({f"{out}_{m[1]}/{k}": key for k in conv})
   return converted
+
+
+def check_shapes(tree: Mapping[str, Any], init_params: Mapping[str, Any],
+                 where: Mapping[str, str], source: str, hint: str = "",
+                 skip: Sequence[str] = ()) -> None:
+  """Converted `tree` against the init tree, leaf by leaf, before merging: the first leaf
+  whose shape differs raises a CheckpointError naming its torch key (`where`: {flax path:
+  torch key}). Leaves the init tree lacks (a scanned encoder) and the `skip` paths (a
+  posemb that is resampled) are left to merge_params."""
+  init_flat = flatten(init_params)
+  for path, a in flatten(tree).items():
+    if path in skip or path not in init_flat or path not in where:
+      continue
+    want = tuple(np.shape(init_flat[path]))
+    if tuple(np.shape(a)) != want:
+      key = where[path]
+      raise CheckpointError(
+          f"{source}: tensor {key!r} does not fit the model: it gives {path!r} the shape "
+          f"{tuple(np.shape(a))} but the model has {want} (a different variant or "
+          f"config?). {hint}".strip())
 
 
 def num_heads(init_params: Mapping[str, Any]) -> int:
