@@ -513,21 +513,31 @@ def fix_old_checkpoints(params: dict) -> dict:
 
 
 def _from_state_dict(flat: Mapping[str, np.ndarray], num_heads: int, source: str, hint: str,
-                     where: dict[str, str], layout: Optional[str] = None) -> dict:
+                     where: dict[str, str], layout: Optional[str] = None) -> tuple[dict, Any]:
   """Detects the naming (torchvision ViT, timm ViT or HF SigLIP vision tower; `layout`
-  'torchvision' / 'timm' forces one) and converts to big_vision. `where` receives
-  {flax path: torch key} where the converter knows it."""
+  'torchvision' / 'timm' forces one) and converts to big_vision. Returns the tree and the
+  converter module when it is a key-checked one (torchvision / timm; `where` receives
+  {flax path: torch key}), else None."""
   if layout == "torchvision" or (layout is None and torchvision_vit.is_torchvision(flat)):
-    return torchvision_vit.vit(flat, num_heads, source, hint, where)
+    return torchvision_vit.vit(flat, num_heads, source, hint, where), torchvision_vit
   if layout == "timm" or "patch_embed.proj.weight" in flat:
-    return timm_vit.vit(flat, num_heads, source, hint, where)
+    return timm_vit.vit(flat, num_heads, source, hint, where), timm_vit
   for prefix in ("vision_model.", ""):
     if f"{prefix}embeddings.patch_embedding.weight" in flat:
-      return hf_siglip.vision(flat, num_heads, prefix, source, hint)
+      return hf_siglip.vision(flat, num_heads, prefix, source, hint), None
   raise ckpt.CheckpointError(
       f"{source}: not a torchvision ViT (no 'conv_proj.weight'), a timm ViT (no "
       f"'patch_embed.proj.weight') nor an HF SigLIP vision tower (no "
       f"'vision_model.embeddings.patch_embedding.weight'); first keys: {sorted(flat)[:5]}. {hint}")
+
+
+def check_converted(tree: dict, init_params: Mapping[str, Any], converter: Any,
+                    where: Mapping[str, str], source: str, hint: str = "") -> None:
+  """A torchvision / timm conversion against the init tree: a missing, unexpected or
+  wrong-shaped tensor raises a CheckpointError naming its torch key."""
+  tl.check_tree(tree, init_params, where, source, hint, optional=converter.OPTIONAL,
+                block_names=converter.BLOCK_NAMES, block_key=converter.BLOCK_KEY,
+                skip=("pos_embedding",))
 
 
 def prepare(tree: dict, init_params: Mapping[str, Any]) -> dict:
@@ -566,8 +576,10 @@ def load(init_params: Mapping[str, Any], init_file: str, model_cfg: Optional[Map
     flat = (readers.load_safetensors(file, hint) if readers.is_safetensors(file)
             else readers.read_state_dict(file, hint))
     where: dict[str, str] = {}
-    tree = _from_state_dict(flat, tl.num_heads(init_params), file, hint, where, layout)
-    tl.check_shapes(tree, init_params, where, file, hint, skip=("pos_embedding",))
+    tree, converter = _from_state_dict(flat, tl.num_heads(init_params), file, hint, where,
+                                       layout)
+    if converter is not None:
+      check_converted(tree, init_params, converter, where, file, hint)
   else:
     tree = readers.load_params(path, hint)
     if not key and "img" in tree and "embedding" not in tree:

@@ -22,6 +22,14 @@ BLOCK_NAMES = {"norm1": "LayerNorm_0", "norm2": "LayerNorm_1", "attn.qkv": "qkv"
                "attn.proj": "out", "mlp.fc1": "MlpBlock_0/Dense_0",
                "mlp.fc2": "MlpBlock_0/Dense_1", "ls1": "LayerScale_0", "ls2": "LayerScale_1"}
 BLOCKS = r"blocks\.(\d+)\.(.+)"
+BLOCK_KEY = "blocks.{}."
+# flax path -> timm key of the params that only some models have (for tl.check_tree).
+OPTIONAL = {"cls": "cls_token", "reg": "reg_token", "embedding/bias": "patch_embed.proj.bias",
+            "Transformer/encoder_norm/scale": "norm.weight",
+            "Transformer/encoder_norm/bias": "norm.bias", "norm_pre/scale": "norm_pre.weight",
+            "norm_pre/bias": "norm_pre.bias", "fc_norm/scale": "fc_norm.weight",
+            "fc_norm/bias": "fc_norm.bias", "head/kernel": "head.weight", "head/bias": "head.bias",
+            "MAPHead_0/probe": "attn_pool.latent"}
 
 # timm LayerNorm -> flax path.
 _NORMS = {"norm": "Transformer/encoder_norm", "norm_pre": "norm_pre", "fc_norm": "fc_norm"}
@@ -49,7 +57,7 @@ def vit(flat: Mapping[str, np.ndarray], num_heads: int, source: str = "timm chec
         hint: str = "", where: Optional[dict[str, str]] = None) -> dict:
   """timm VisionTransformer state dict -> big_vision ViT tree (patch-only `pos_embedding`).
 
-  `where`, if given, receives {flax path: timm key} for tl.check_shapes. Any tensor the
+  `where`, if given, receives {flax path: timm key} for tl.check_tree. Any tensor the
   converter does not place raises a CheckpointError naming it."""
   if "dist_token" in flat:
     raise CheckpointError(

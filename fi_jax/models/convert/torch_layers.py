@@ -156,7 +156,7 @@ def convert_blocks(flat: Mapping[str, np.ndarray], pattern: str, num_heads: int,
   """Every tensor whose key fullmatches `pattern` (groups: block index, sub-name) ->
   {f"{out}_{i}/{flax sub-path}": array}; a tensor `convert_block` cannot place raises one
   CheckpointError naming it, the `what` checkpoint and `hint`. `where`, if given, receives
-  {flax path: torch key} (for `check_shapes`)."""
+  {flax path: torch key} (for `check_tree`)."""
   rx = re.compile(pattern)
   converted = {}
   for key, v in flat.items():
@@ -175,24 +175,64 @@ def convert_blocks(flat: Mapping[str, np.ndarray], pattern: str, num_heads: int,
   return converted
 
 
-def check_shapes(tree: Mapping[str, Any], init_params: Mapping[str, Any],
-                 where: Mapping[str, str], source: str, hint: str = "",
-                 skip: Sequence[str] = ()) -> None:
-  """Converted `tree` against the init tree, leaf by leaf, before merging: the first leaf
-  whose shape differs raises a CheckpointError naming its torch key (`where`: {flax path:
-  torch key}). Leaves the init tree lacks (a scanned encoder) and the `skip` paths (a
-  posemb that is resampled) are left to merge_params."""
-  init_flat = flatten(init_params)
-  for path, a in flatten(tree).items():
-    if path in skip or path not in init_flat or path not in where:
+def _block_torch_key(sub: str, names: Mapping[str, str]) -> Optional[str]:
+  """A vit.Encoder1DBlock param path ('MultiHeadDotProductAttention_0/key/bias') -> the torch
+  sub-name that feeds it under `names` ('attn.qkv.bias'), or None."""
+  parts = sub.split("/")
+  if parts[0] == MHA:
+    targets = ["out"] if parts[1] == "out" else ["qkv", {v: k for k, v in _QKV.items()}[parts[1]]]
+  else:
+    targets = ["/".join(parts[:-1])]
+  for module, target in names.items():
+    if target in targets:
+      if module.endswith(".in_proj"):          # nn.MultiheadAttention: in_proj_weight / _bias
+        return f"{module}_{'weight' if parts[-1] == 'kernel' else 'bias'}"
+      leaf = {"kernel": "weight", "scale": "weight", "bias": "bias"}[parts[-1]]
+      return f"{module}.{'gamma' if target.startswith('LayerScale') else leaf}"
+  return None
+
+
+def check_tree(tree: Mapping[str, Any], init_params: Mapping[str, Any],
+               where: Mapping[str, str], source: str, hint: str = "", *,
+               optional: Optional[Mapping[str, str]] = None,
+               block_names: Optional[Mapping[str, str]] = None, block_key: str = "",
+               skip: Sequence[str] = ()) -> None:
+  """Converted `tree` against the (unrolled) init tree before merging, naming torch keys:
+  a leaf whose shape differs (`where`: {flax path: torch key}), a leaf the model lacks, a
+  model param the file did not provide (`optional`: {flax path: torch key} of the
+  top-level params; blocks `encoderblock_{i}` via `block_names` and `block_key`, the torch
+  prefix of block i as a format string). A scanned init tree (one stacked `encoderblock`)
+  and the `skip` paths (a posemb that is resampled) are left to merge_params."""
+  tail = f" {hint}".rstrip()
+  init_flat, flat = flatten(init_params), flatten(tree)
+  optional, block_names = optional or {}, block_names or {}
+
+  def fail(key, what):
+    raise CheckpointError(f"{source}: tensor {key!r} {what}.{tail}")
+
+  for path, a in flat.items():
+    if path in skip or path not in where:
+      continue
+    if path not in init_flat:
+      if re.sub(r"encoderblock_\d+", "encoderblock", path) not in init_flat:
+        fail(where[path], f"(shape {tuple(np.shape(a))}) is unexpected: the model has no "
+             f"{path!r} (built without this option, or a different variant?)")
       continue
     want = tuple(np.shape(init_flat[path]))
     if tuple(np.shape(a)) != want:
-      key = where[path]
-      raise CheckpointError(
-          f"{source}: tensor {key!r} does not fit the model: it gives {path!r} the shape "
-          f"{tuple(np.shape(a))} but the model has {want} (a different variant or "
-          f"config?). {hint}".strip())
+      fail(where[path], f"does not fit the model: it gives {path!r} the shape "
+           f"{tuple(np.shape(a))} but the model has {want} (a different variant or config?)")
+  for path in init_flat:
+    if path in flat or path in skip:
+      continue
+    m = re.fullmatch(r"Transformer/encoderblock_(\d+)/(.+)", path)
+    key = optional.get(path)
+    if m and block_key:
+      sub = _block_torch_key(m[2], block_names)
+      key = block_key.format(m[1]) + sub if sub else None
+    if key:
+      fail(key, f"is missing (the model needs it for {path!r}; a different architecture "
+           "or option?)")
 
 
 def num_heads(init_params: Mapping[str, Any]) -> int:

@@ -23,9 +23,13 @@ BLOCK_NAMES = {"ln_1": "LayerNorm_0", "ln_2": "LayerNorm_1", "self_attention.in_
                "mlp.3": "MlpBlock_0/Dense_1", "mlp.linear_1": "MlpBlock_0/Dense_0",
                "mlp.linear_2": "MlpBlock_0/Dense_1"}
 BLOCKS = r"encoder\.layers\.encoder_layer_(\d+)\.(.+)"
+BLOCK_KEY = "encoder.layers.encoder_layer_{}."
 
 # torchvision Linear / LayerNorm -> flax module path.
 _DENSE = {"heads.head": "head", "heads.pre_logits": "pre_logits"}
+# flax path -> torchvision key of the params that only some models have (for tl.check_tree).
+OPTIONAL = {f"{path}/{leaf}": f"{name}.{tleaf}" for name, path in _DENSE.items()
+            for leaf, tleaf in (("kernel", "weight"), ("bias", "bias"))}
 
 
 def is_torchvision(flat: Mapping[str, np.ndarray]) -> bool:
@@ -37,7 +41,7 @@ def vit(flat: Mapping[str, np.ndarray], num_heads: int, source: str = "torchvisi
         hint: str = "", where: Optional[dict[str, str]] = None) -> dict:
   """torchvision VisionTransformer state dict -> big_vision ViT tree ('tok' pooling).
 
-  `where`, if given, receives {flax path: torchvision key} for tl.check_shapes. Any tensor
+  `where`, if given, receives {flax path: torchvision key} for tl.check_tree. Any tensor
   the converter does not place raises a CheckpointError naming it."""
   get = tl.Tensors(flat, source, hint)
   where = {} if where is None else where
