@@ -257,7 +257,8 @@ def test_full_size_keys_and_shapes(name):
   model = vit.Model(info["num_classes"] or None, variant=arch)
   init = _init(model, info["input_size"])
   where = {}
-  tree, converter = vit._from_state_dict(flat, tl.num_heads(init), name, "", where)  # pylint: disable=protected-access
+  convert = vit._from_state_dict  # pylint: disable=protected-access
+  tree, converter = convert(flat, tl.num_heads(init), name, "", where)
   vit.check_converted(tree, init, converter, where, name)
   got = {k: np.shape(v) for k, v in ckpt.flatten(vit.prepare(tree, init)).items()}
   want = {k: tuple(v.shape) for k, v in ckpt.flatten(init).items()}
@@ -294,4 +295,5 @@ def test_pretrained_table_matches_the_libraries():
             f"{norms[tuple(cfg['mean'])]}")
       assert (info["input_size"], info["num_classes"], info["pp"]) == (
           size, cfg["num_classes"], pp), name
-      assert info["url"] == f"https://huggingface.co/{cfg['hf_hub_id']}/resolve/main/model.safetensors"
+      hub = f"https://huggingface.co/{cfg['hf_hub_id']}"
+      assert info["url"] == f"{hub}/resolve/main/model.safetensors"
