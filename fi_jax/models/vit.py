@@ -5,6 +5,12 @@ as big_vision's `models/vit.py`, so its `.npz` checkpoints map one to one (see `
 `apply({'params': p}, images)` takes NHWC float32 images and returns `(logits, out)`;
 `out["pre_logits"]` holds the penultimate features the OOD detectors use.
 
+torchvision's ViTs and timm's (DeiT, DeiT-III, AugReg, CLIP fine-tunes, register models) are
+the same module with a few optional fields (class token, registers, norm_pre, fc_norm, no
+patch-conv bias): `Model(1000, variant="vit_b_16")` builds one by its library name (ARCHS),
+`load` reads their .pth / .safetensors files, and PRETRAINED lists the published weights
+with their eval transforms.
+
 The building blocks (`MlpBlock`, `Encoder1DBlock`, `Encoder`, `MAPHead`) take a few extra
 knobs (activation, LayerNorm epsilon, LayerScale, attention mask) so that the PyTorch-born
 families (CLIP, DINOv2) reuse them instead of re-implementing a transformer.
