@@ -189,16 +189,22 @@ def test_timm_equivalence(tmp_path, pool, layerscale):
   np.testing.assert_allclose(np.asarray(got_logits), logits, atol=1e-4, rtol=0)
 
 
-def test_timm_unsupported_option_is_clear(tmp_path):
+def test_timm_fc_norm_needs_the_option(tmp_path):
+  """A timm fc_norm checkpoint (global avg pool) loads only into a model with fc_norm=True;
+  without it the error names the fc_norm tensors."""
   pytest.importorskip("torch")
   timm_vit = pytest.importorskip("timm.models.vision_transformer")
-  ref = timm_vit.VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=4,
-                                   num_classes=5, global_pool="avg", class_token=False)
+  ref = timm_vit.VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4,
+                                   mlp_ratio=2.0, num_classes=5, global_pool="avg",
+                                   class_token=False)
   path = str(tmp_path / "model.safetensors")
   _save_torch(ref, path)
   _, params = _init(num_classes=5, pool_type="gap")
-  with pytest.raises(ValueError, match="fc_norm"):
+  with pytest.raises(ckpt.CheckpointError, match="fc_norm"):
     vit.load(params, path)
+  _, params = _init(num_classes=5, pool_type="gap", fc_norm=True)
+  loaded = vit.load(params, path)
+  np.testing.assert_array_equal(loaded["fc_norm"]["scale"], ref.fc_norm.weight.detach().numpy())
 
 
 def test_safetensors_reader_bf16(tmp_path):

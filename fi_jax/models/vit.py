@@ -5,12 +5,19 @@ as big_vision's `models/vit.py`, so its `.npz` checkpoints map one to one (see `
 `apply({'params': p}, images)` takes NHWC float32 images and returns `(logits, out)`;
 `out["pre_logits"]` holds the penultimate features the OOD detectors use.
 
+torchvision's ViTs and timm's (DeiT, DeiT-III, AugReg, CLIP fine-tunes, register models) are
+the same module with a few optional fields (class token, registers, norm_pre, fc_norm, no
+patch-conv bias): `Model(1000, variant="vit_b_16")` builds one by its library name (ARCHS),
+`load` reads their .pth / .safetensors files, and PRETRAINED lists the published weights
+with their eval transforms.
+
 The building blocks (`MlpBlock`, `Encoder1DBlock`, `Encoder`, `MAPHead`) take a few extra
 knobs (activation, LayerNorm epsilon, LayerScale, attention mask) so that the PyTorch-born
 families (CLIP, DINOv2) reuse them instead of re-implementing a transformer.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -20,7 +27,7 @@ import numpy as np
 
 from fi_jax.models import checkpoints as ckpt
 from fi_jax.models import posemb, releases
-from fi_jax.models.convert import hf_siglip, naflex, readers, timm_vit
+from fi_jax.models.convert import hf_siglip, naflex, readers, timm_vit, torchvision_vit
 from fi_jax.models.convert import torch_layers as tl
 
 _VARIANTS = {
@@ -107,11 +114,12 @@ class MlpBlock(nn.Module):
   dropout: float = 0.0
   act: str = "gelu"
   dtype_mm: str = "float32"
+  precision: Any = None    # matmul precision (None: JAX's default; the zoo models use HIGHEST)
 
   @nn.compact
   def __call__(self, x, deterministic=True):
     inits = dict(kernel_init=nn.initializers.xavier_uniform(),
-                 bias_init=nn.initializers.normal(stddev=1e-6))
+                 bias_init=nn.initializers.normal(stddev=1e-6), precision=self.precision)
     d = x.shape[-1]
     x = nn.Dense(self.mlp_dim or 4 * d, dtype=self.dtype_mm, **inits)(x)
     x = activation(self.act)(x)
@@ -170,6 +178,7 @@ class Encoder1DBlock(nn.Module):
   layerscale: Optional[float] = None
   dtype_mm: str = "float32"
   attention: str = "heads_first"    # or "flax" (same math; heads_first is faster on XLA:CPU)
+  precision: Any = None
 
   @nn.compact
   def __call__(self, x, deterministic=True, mask=None):
@@ -177,7 +186,7 @@ class Encoder1DBlock(nn.Module):
     y = nn.LayerNorm(epsilon=self.ln_eps)(x)
     y = out["sa"] = nn.MultiHeadDotProductAttention(
         num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform(),
-        deterministic=deterministic, dtype=self.dtype_mm,
+        deterministic=deterministic, dtype=self.dtype_mm, precision=self.precision,
         attention_fn=_ATTENTION[self.attention])(y, y, mask=mask)
     if self.layerscale is not None:
       y = LayerScale(self.layerscale, name="LayerScale_0")(y)
@@ -186,7 +195,7 @@ class Encoder1DBlock(nn.Module):
 
     y = nn.LayerNorm(epsilon=self.ln_eps)(x)
     y = out["mlp"] = MlpBlock(mlp_dim=self.mlp_dim, dropout=self.dropout, act=self.act,
-                              dtype_mm=self.dtype_mm)(y, deterministic)
+                              dtype_mm=self.dtype_mm, precision=self.precision)(y, deterministic)
     if self.layerscale is not None:
       y = LayerScale(self.layerscale, name="LayerScale_1")(y)
     y = nn.Dropout(rate=self.dropout)(y, deterministic)
@@ -208,13 +217,14 @@ class Encoder(nn.Module):
   final_norm: bool = True
   dtype_mm: str = "float32"
   attention: str = "heads_first"
+  precision: Any = None
 
   @nn.compact
   def __call__(self, x, deterministic=True, mask=None):
     out = {}
     kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout, act=self.act,
               ln_eps=self.ln_eps, layerscale=self.layerscale, dtype_mm=self.dtype_mm,
-              attention=self.attention)
+              attention=self.attention, precision=self.precision)
     if self.scan:
       block = nn.remat(Encoder1DBlock, prevent_cse=False, static_argnums=(2,),
                        policy=getattr(jax.checkpoint_policies, self.remat_policy, None))
@@ -240,6 +250,7 @@ class MAPHead(nn.Module):
   num_heads: int = 12
   act: str = "gelu"
   ln_eps: float = 1e-6
+  precision: Any = None
 
   @nn.compact
   def __call__(self, x):
@@ -247,14 +258,27 @@ class MAPHead(nn.Module):
     probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d), x.dtype)
     probe = jnp.tile(probe, [n, 1, 1])
     x = nn.MultiHeadDotProductAttention(
-        num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform())(probe, x)
+        num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform(),
+        precision=self.precision)(probe, x)
     y = nn.LayerNorm(epsilon=self.ln_eps)(x)
-    x = x + MlpBlock(mlp_dim=self.mlp_dim, act=self.act)(y)
+    x = x + MlpBlock(mlp_dim=self.mlp_dim, act=self.act, precision=self.precision)(y)
     return x[:, 0]
 
 
 class _Model(nn.Module):
-  """ViT. Field names and defaults follow big_vision's `vit._Model`."""
+  """ViT. Field names and defaults follow big_vision's `vit._Model`.
+
+  The fields after `layerscale` cover the PyTorch-born ViTs (timm, torchvision); their
+  defaults leave big_vision's model unchanged. `class_token`: a learned `cls` token in
+  front (None: only for pool_type 'tok', big_vision's rule); `num_registers`: learned `reg`
+  tokens after it (timm `reg_tokens`); neither gets a position embedding (a checkpoint whose
+  posemb covers them has it folded in by the converter). `patch_bias`: the patch conv's bias
+  (timm's CLIP ViTs have none); `pre_norm`: a LayerNorm `norm_pre` before the blocks (timm
+  `norm_pre`, CLIP's ln_pre); `fc_norm`: the final LayerNorm moves from the tokens to the
+  pooled feature (timm `fc_norm`). Pooling 'gap' and 'map' see the patch tokens only (timm
+  excludes cls / register tokens), 'tok' and '0' take the first token. `precision`: matmul
+  and conv precision (None: JAX's default).
+  """
   num_classes: Optional[int] = None
   patch_size: Sequence[int] = (16, 16)
   width: int = 768
@@ -272,49 +296,69 @@ class _Model(nn.Module):
   act: str = "gelu"
   ln_eps: float = 1e-6
   layerscale: Optional[float] = None
+  class_token: Optional[bool] = None
+  num_registers: int = 0
+  patch_bias: bool = True
+  pre_norm: bool = False
+  fc_norm: bool = False
+  precision: Any = None
 
   @nn.compact
   def __call__(self, image, *, train=False):
     out = {}
     image = jnp.asarray(image, self.dtype_mm)
     x = out["stem"] = nn.Conv(self.width, self.patch_size, strides=self.patch_size,
-                              padding="VALID", name="embedding", dtype=self.dtype_mm)(image)
+                              padding="VALID", use_bias=self.patch_bias, name="embedding",
+                              dtype=self.dtype_mm, precision=self.precision)(image)
     n, h, w, c = x.shape
     x = jnp.reshape(x, [n, h * w, c])
     x = out["with_posemb"] = x + get_posemb(self, self.posemb, (h, w), c, "pos_embedding", x.dtype)
 
-    if self.pool_type == "tok":
+    prefix = []
+    if self.pool_type == "tok" if self.class_token is None else self.class_token:
       cls = self.param("cls", nn.initializers.zeros, (1, 1, c), x.dtype)
-      x = jnp.concatenate([jnp.tile(cls, [n, 1, 1]), x], axis=1)
+      prefix.append(jnp.tile(cls, [n, 1, 1]))
+    if self.num_registers:
+      reg = self.param("reg", nn.initializers.zeros, (1, self.num_registers, c), x.dtype)
+      prefix.append(jnp.tile(reg, [n, 1, 1]))
+    if prefix:
+      x = jnp.concatenate(prefix + [x], axis=1)
+    n_prefix = x.shape[1] - h * w
+    if self.pre_norm:
+      x = nn.LayerNorm(epsilon=self.ln_eps, name="norm_pre")(x)
 
     n, _, c = x.shape
     x = nn.Dropout(rate=self.dropout)(x, not train)
     x, out["encoder"] = Encoder(
         depth=self.depth, mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
         act=self.act, ln_eps=self.ln_eps, layerscale=self.layerscale, scan=self.scan,
-        remat_policy=self.remat_policy, dtype_mm=self.dtype_mm, name="Transformer")(x, deterministic=not train)
+        remat_policy=self.remat_policy, final_norm=not self.fc_norm, dtype_mm=self.dtype_mm,
+        precision=self.precision, name="Transformer")(x, deterministic=not train)
     encoded = out["encoded"] = x
+    if n_prefix:
+      encoded = encoded[:, n_prefix:]
 
     if self.pool_type == "map":
       x = out["head_input"] = MAPHead(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
-                                      act=self.act, ln_eps=self.ln_eps)(x)
+                                      act=self.act, ln_eps=self.ln_eps,
+                                      precision=self.precision)(encoded)
     elif self.pool_type == "gap":
-      x = out["head_input"] = jnp.mean(x, axis=1)
-    elif self.pool_type == "0":
+      x = out["head_input"] = jnp.mean(encoded, axis=1)
+    elif self.pool_type in ("0", "tok"):
       x = out["head_input"] = x[:, 0]
-    elif self.pool_type == "tok":
-      x = out["head_input"] = x[:, 0]
-      encoded = encoded[:, 1:]
     elif self.pool_type == "none":
       pass
     else:
       raise ValueError(f"Unknown pool type {self.pool_type!r}; use tok, gap, 0, map or none.")
 
     x_2d = jnp.reshape(encoded, [n, h, w, -1])
+    if self.fc_norm:
+      norm = nn.LayerNorm(epsilon=self.ln_eps, name="fc_norm")
+      x_2d, x = norm(x_2d), norm(x)
 
     if self.rep_size:
       rep_size = self.width if self.rep_size is True else self.rep_size
-      hid = nn.Dense(rep_size, name="pre_logits")
+      hid = nn.Dense(rep_size, precision=self.precision, name="pre_logits")
       x_2d = nn.tanh(hid(x_2d))
       x = nn.tanh(hid(x))
 
@@ -323,19 +367,131 @@ class _Model(nn.Module):
 
     if self.num_classes:
       kw = {"kernel_init": nn.initializers.zeros} if self.head_zeroinit else {}
-      head = nn.Dense(self.num_classes, name="head", **kw)
+      head = nn.Dense(self.num_classes, precision=self.precision, name="head", **kw)
       x_2d = out["logits_2d"] = head(x_2d)
       x = out["logits"] = head(x)
 
     return x, out
 
 
+# ----------------------------------------------------------------------------- zoo
+
+HIGHEST = jax.lax.Precision.HIGHEST
+# torchvision and timm ViTs: class-token pooling, exact GELU, LayerNorm eps 1e-6, float32 at
+# highest precision. DeiT-III / DINOv2: LayerScale, patch-only posemb; timm's CLIP
+# fine-tunes: no patch-conv bias, norm_pre, eps 1e-5; the DINOv2 register models: 4 `reg`.
+_TORCH = dict(pool_type="tok", act="gelu_exact", ln_eps=1e-6, precision=HIGHEST)
+_LS = dict(_TORCH, layerscale=1e-5)
+_CLIP = dict(_TORCH, ln_eps=1e-5, patch_bias=False, pre_norm=True)
+_REG4 = dict(_LS, num_registers=4)
+
+# architecture name (torchvision's / timm's) -> _Model fields.
+ARCHS: dict[str, dict] = {name: {**decode_variant(v), **kw} for name, (v, kw) in {
+    # torchvision
+    "vit_b_16": ("B/16", _TORCH), "vit_b_32": ("B/32", _TORCH), "vit_l_16": ("L/16", _TORCH),
+    "vit_l_32": ("L/32", _TORCH), "vit_h_14": ("H/14", _TORCH),
+    # timm: AugReg / original ViT, DeiT (no distillation), DeiT-III, CLIP fine-tunes, DINOv2-reg
+    "vit_tiny_patch16_224": ("Ti/16", _TORCH), "vit_small_patch16_224": ("S/16", _TORCH),
+    "vit_small_patch32_224": ("S/32", _TORCH), "vit_base_patch16_224": ("B/16", _TORCH),
+    "vit_base_patch32_224": ("B/32", _TORCH), "vit_large_patch16_224": ("L/16", _TORCH),
+    "vit_base_patch16_384": ("B/16", _TORCH), "vit_large_patch16_384": ("L/16", _TORCH),
+    "deit_tiny_patch16_224": ("Ti/16", _TORCH), "deit_small_patch16_224": ("S/16", _TORCH),
+    "deit_base_patch16_224": ("B/16", _TORCH), "deit_base_patch16_384": ("B/16", _TORCH),
+    "deit3_small_patch16_224": ("S/16", _LS), "deit3_base_patch16_224": ("B/16", _LS),
+    "deit3_large_patch16_224": ("L/16", _LS), "deit3_base_patch16_384": ("B/16", _LS),
+    "vit_base_patch32_clip_224": ("B/32", _CLIP), "vit_base_patch16_clip_224": ("B/16", _CLIP),
+    "vit_base_patch16_clip_384": ("B/16", _CLIP), "vit_large_patch14_clip_224": ("L/14", _CLIP),
+    "vit_small_patch14_reg4_dinov2": ("S/14", _REG4),
+    "vit_base_patch14_reg4_dinov2": ("B/14", _REG4),
+}.items()}
+
+_PP = "decode|{resize}|central_crop({crop})|{norm}"
+_NORMS = {"imagenet": "vgg_value_range", "inception": "value_range(-1, 1)",
+          "clip": "clip_value_range"}
+
+
+def tv_pretrained(tag: str, file: str, resize: int, crop: int, interp: str) -> dict:
+  """A torchvision weights enum entry: Resize(resize, interp, antialias) -> CenterCrop(crop),
+  ImageNet mean / std (`weights.transforms()`); the model is built at `crop` px."""
+  return {f"torchvision/{tag}": dict(
+      variant=tag.split(".")[0], source="torchvision", num_classes=1000, input_size=crop,
+      pp=_PP.format(resize=f"resize_small({resize}, method='{interp}', antialias=True)",
+                    crop=crop, norm=_NORMS["imagenet"]),
+      url=f"https://download.pytorch.org/models/{file}")}
+
+
+def timm_pretrained(tag: str, size: int, crop_pct: float, norm: str, num_classes: int = 1000,
+                    crop_mode: str = "center") -> dict:
+  """A timm pretrained_cfg (bicubic): Resize(floor(size / crop_pct)) of the short side (both
+  sides for crop_mode 'squash') -> CenterCrop(size)."""
+  scale = math.floor(size / crop_pct)
+  op = "resize" if crop_mode == "squash" else "resize_small"
+  return {f"timm/{tag}": dict(
+      variant=tag.split(".")[0], source="timm", num_classes=num_classes, input_size=size,
+      pp=_PP.format(resize=f"{op}({scale}, method='bicubic', antialias=True)", crop=size,
+                    norm=_NORMS[norm]),
+      url=f"https://huggingface.co/timm/{tag}/resolve/main/model.safetensors")}
+
+
+_tv, _timm = tv_pretrained, timm_pretrained
+# Published weights -> variant, eval transform (pp string), file; read off torchvision's
+# weights enums (transforms(), url) and timm's pretrained_cfg. torchvision's DEFAULT is
+# IMAGENET1K_V1, except vit_h_14 (IMAGENET1K_SWAG_E2E_V1).
+PRETRAINED: dict[str, dict] = {
+    **_tv("vit_b_16.IMAGENET1K_V1", "vit_b_16-c867db91.pth", 256, 224, "bilinear"),
+    **_tv("vit_b_16.IMAGENET1K_SWAG_E2E_V1", "vit_b_16_swag-9ac1b537.pth", 384, 384, "bicubic"),
+    **_tv("vit_b_16.IMAGENET1K_SWAG_LINEAR_V1", "vit_b_16_lc_swag-4e70ced5.pth", 224, 224,
+          "bicubic"),
+    **_tv("vit_b_32.IMAGENET1K_V1", "vit_b_32-d86f8d99.pth", 256, 224, "bilinear"),
+    **_tv("vit_l_16.IMAGENET1K_V1", "vit_l_16-852ce7e3.pth", 242, 224, "bilinear"),
+    **_tv("vit_l_16.IMAGENET1K_SWAG_E2E_V1", "vit_l_16_swag-4f3808c9.pth", 512, 512, "bicubic"),
+    **_tv("vit_l_16.IMAGENET1K_SWAG_LINEAR_V1", "vit_l_16_lc_swag-4d563306.pth", 224, 224,
+          "bicubic"),
+    **_tv("vit_l_32.IMAGENET1K_V1", "vit_l_32-c7638314.pth", 256, 224, "bilinear"),
+    **_tv("vit_h_14.IMAGENET1K_SWAG_E2E_V1", "vit_h_14_swag-80465313.pth", 518, 518, "bicubic"),
+    **_tv("vit_h_14.IMAGENET1K_SWAG_LINEAR_V1", "vit_h_14_lc_swag-c1eb923e.pth", 224, 224,
+          "bicubic"),
+    **_timm("vit_base_patch16_224.augreg2_in21k_ft_in1k", 224, 0.9, "inception"),
+    **_timm("vit_base_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, "inception"),
+    **_timm("vit_small_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, "inception"),
+    **_timm("vit_large_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, "inception"),
+    **_timm("vit_base_patch16_384.augreg_in21k_ft_in1k", 384, 1.0, "inception"),
+    **_timm("deit_tiny_patch16_224.fb_in1k", 224, 0.9, "imagenet"),
+    **_timm("deit_small_patch16_224.fb_in1k", 224, 0.9, "imagenet"),
+    **_timm("deit_base_patch16_224.fb_in1k", 224, 0.9, "imagenet"),
+    **_timm("deit_base_patch16_384.fb_in1k", 384, 1.0, "imagenet"),
+    **_timm("deit3_small_patch16_224.fb_in22k_ft_in1k", 224, 1.0, "imagenet"),
+    **_timm("deit3_base_patch16_224.fb_in22k_ft_in1k", 224, 1.0, "imagenet"),
+    **_timm("deit3_base_patch16_224.fb_in1k", 224, 0.9, "imagenet"),
+    **_timm("deit3_large_patch16_224.fb_in22k_ft_in1k", 224, 1.0, "imagenet"),
+    **_timm("deit3_base_patch16_384.fb_in22k_ft_in1k", 384, 1.0, "imagenet"),
+    **_timm("vit_base_patch16_clip_224.openai_ft_in12k_in1k", 224, 0.95, "clip"),
+    **_timm("vit_base_patch16_clip_224.openai_ft_in1k", 224, 0.9, "clip"),
+    **_timm("vit_base_patch16_clip_224.laion2b_ft_in12k_in1k", 224, 0.95, "clip"),
+    **_timm("vit_base_patch16_clip_224.laion2b_ft_in1k", 224, 1.0, "clip"),
+    **_timm("vit_base_patch32_clip_224.openai_ft_in1k", 224, 0.9, "clip"),
+    **_timm("vit_large_patch14_clip_224.openai_ft_in12k_in1k", 224, 1.0, "clip"),
+    **_timm("vit_base_patch16_clip_384.laion2b_ft_in12k_in1k", 384, 1.0, "clip",
+            crop_mode="squash"),
+    **_timm("vit_small_patch14_reg4_dinov2.lvd142m", 518, 1.0, "imagenet", num_classes=0),
+    **_timm("vit_base_patch14_reg4_dinov2.lvd142m", 518, 1.0, "imagenet", num_classes=0),
+}
+
+
 def Model(num_classes: Optional[int] = None, *, variant: Optional[str] = None, **kw) -> _Model:  # pylint: disable=invalid-name
-  """Factory as in big_vision: `Model(1000, variant="B/16", pool_type="tok")`."""
-  return _Model(num_classes, **{**decode_variant(variant), **kw})
+  """Factory as in big_vision: `Model(1000, variant="B/16", pool_type="tok")`; `variant` may
+  also name a torchvision / timm architecture (ARCHS, e.g. "vit_b_16", "deit3_base_patch16_224").
+  `dtype` ('float32' / 'bfloat16', the zoo's name) sets `dtype_mm`."""
+  if "dtype" in kw:
+    kw["dtype_mm"] = kw.pop("dtype")
+  arch = ARCHS[variant] if variant in ARCHS else decode_variant(variant)
+  return _Model(num_classes, **{**arch, **kw})
 
 
 # ----------------------------------------------------------------------------- loading
+
+_TORCH_FILES = (".pth", ".pt", ".bin")
+
 
 def fix_old_checkpoints(params: dict) -> dict:
   """Old big_vision / AugReg layouts -> current names (pre-Linen numbering, posemb location,
@@ -362,16 +518,32 @@ def fix_old_checkpoints(params: dict) -> dict:
   return params
 
 
-def _from_safetensors(flat: Mapping[str, np.ndarray], num_heads: int, source: str, hint: str) -> dict:
-  """Detects the naming (timm ViT or HF SigLIP vision tower) and converts to big_vision."""
-  if "patch_embed.proj.weight" in flat:
-    return timm_vit.vit(flat, num_heads, source, hint)
+def _from_state_dict(flat: Mapping[str, np.ndarray], num_heads: int, source: str, hint: str,
+                     where: dict[str, str], layout: Optional[str] = None) -> tuple[dict, Any]:
+  """Detects the naming (torchvision ViT, timm ViT or HF SigLIP vision tower; `layout`
+  'torchvision' / 'timm' forces one) and converts to big_vision. Returns the tree and the
+  converter module when it is a key-checked one (torchvision / timm; `where` receives
+  {flax path: torch key}), else None."""
+  if layout == "torchvision" or (layout is None and torchvision_vit.is_torchvision(flat)):
+    return torchvision_vit.vit(flat, num_heads, source, hint, where), torchvision_vit
+  if layout == "timm" or "patch_embed.proj.weight" in flat:
+    return timm_vit.vit(flat, num_heads, source, hint, where), timm_vit
   for prefix in ("vision_model.", ""):
     if f"{prefix}embeddings.patch_embedding.weight" in flat:
-      return hf_siglip.vision(flat, num_heads, prefix, source, hint)
+      return hf_siglip.vision(flat, num_heads, prefix, source, hint), None
   raise ckpt.CheckpointError(
-      f"{source}: not a timm ViT (no 'patch_embed.proj.weight') nor an HF SigLIP vision tower "
-      f"(no 'vision_model.embeddings.patch_embedding.weight'); first keys: {sorted(flat)[:5]}. {hint}")
+      f"{source}: not a torchvision ViT (no 'conv_proj.weight'), a timm ViT (no "
+      f"'patch_embed.proj.weight') nor an HF SigLIP vision tower (no "
+      f"'vision_model.embeddings.patch_embedding.weight'); first keys: {sorted(flat)[:5]}. {hint}")
+
+
+def check_converted(tree: dict, init_params: Mapping[str, Any], converter: Any,
+                    where: Mapping[str, str], source: str, hint: str = "") -> None:
+  """A torchvision / timm conversion against the init tree: a missing, unexpected or
+  wrong-shaped tensor raises a CheckpointError naming its torch key."""
+  tl.check_tree(tree, init_params, where, source, hint, optional=converter.OPTIONAL,
+                block_names=converter.BLOCK_NAMES, block_key=converter.BLOCK_KEY,
+                skip=("pos_embedding",))
 
 
 def prepare(tree: dict, init_params: Mapping[str, Any]) -> dict:
@@ -392,18 +564,28 @@ def load(init_params: Mapping[str, Any], init_file: str, model_cfg: Optional[Map
   """Loads a ViT checkpoint onto `init_params` (the model's init tree); returns params.
 
   `init_file`: a big_vision / AugReg `.npz` (optionally `file.npz:sub/key`, e.g. ':img' for a
-  SigLIP image tower; a two-tower file without a sub-key picks 'img'), a vanity name, or a
-  timm / HF SigLIP `model.safetensors`. Handles the `params/` and `opt/target` prefixes,
-  bfloat16 arrays, pre-Linen names, old posemb layouts, scanned or unrolled blocks, and
-  resamples the posemb to the init resolution. `dont_load`: regexes of params kept from init.
+  SigLIP image tower; a two-tower file without a sub-key picks 'img'), a vanity name, a
+  timm / HF SigLIP `model.safetensors`, or a torchvision / timm PyTorch file (`.pth`, `.bin`,
+  read weights-only). Handles the `params/` and `opt/target` prefixes, bfloat16 arrays,
+  pre-Linen names, old posemb layouts, scanned or unrolled blocks, and resamples the posemb
+  to the init resolution. The PyTorch layouts are told apart by their keys
+  (`model_cfg["source"]` = 'torchvision' / 'timm' forces one); a missing, unexpected or
+  wrong-shaped tensor raises a CheckpointError naming it. `dont_load`: regexes of params
+  kept from init.
   """
-  del model_cfg  # the init tree says everything (as in big_vision)
+  layout = (model_cfg or {}).get("source")
+  layout = layout if layout in ("torchvision", "timm") else None
   path, hint = releases.resolve_vanity(init_file, {**releases.VANITY_NAMES,
                                                    **releases.SIGLIP_RELEASES})
   file, key = readers.split_subkey(path)
-  if readers.is_safetensors(file):
-    tree = _from_safetensors(readers.load_safetensors(file, hint), tl.num_heads(init_params),
-                             file, hint)
+  if readers.is_safetensors(file) or file.endswith(_TORCH_FILES):
+    flat = (readers.load_safetensors(file, hint) if readers.is_safetensors(file)
+            else readers.read_state_dict(file, hint))
+    where: dict[str, str] = {}
+    tree, converter = _from_state_dict(flat, tl.num_heads(init_params), file, hint, where,
+                                       layout)
+    if converter is not None:
+      check_converted(tree, init_params, converter, where, file, hint)
   else:
     tree = readers.load_params(path, hint)
     if not key and "img" in tree and "embedding" not in tree:

@@ -1,41 +1,104 @@
-"""timm VisionTransformer state dict -> big_vision ViT tree (fi_jax.models.vit)."""
+"""timm VisionTransformer state dict -> big_vision ViT tree (fi_jax.models.vit).
+
+Covers timm's options that change the parameter set: class token or none (`cls_token`),
+register tokens (`reg_token` -> `reg`), a posemb with or without slots for those prefix
+tokens (`no_embed_class`; the slots are folded into `cls` / `reg`, which is exact since timm
+adds the posemb to the constant tokens), `norm_pre`, the final norm on the tokens (`norm`) or
+on the pooled feature (`fc_norm`), a patch embedding without bias (CLIP ViTs), LayerScale
+(`ls1` / `ls2`), the MAP head (`attn_pool`) and the classifier (`head`, absent for headless
+models). DeiT's distilled models (`dist_token`, `head_dist`) are refused.
+"""
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 
-from fi_jax.models.checkpoints import CheckpointError, recover_tree
+from fi_jax.models.checkpoints import CheckpointError, flatten, recover_tree
 from fi_jax.models.convert import torch_layers as tl
 
 # torch sub-module of one timm block -> vit.Encoder1DBlock target (see tl.convert_block).
 BLOCK_NAMES = {"norm1": "LayerNorm_0", "norm2": "LayerNorm_1", "attn.qkv": "qkv",
                "attn.proj": "out", "mlp.fc1": "MlpBlock_0/Dense_0",
                "mlp.fc2": "MlpBlock_0/Dense_1", "ls1": "LayerScale_0", "ls2": "LayerScale_1"}
+BLOCKS = r"blocks\.(\d+)\.(.+)"
+BLOCK_KEY = "blocks.{}."
+# flax path -> timm key of the params that only some models have (for tl.check_tree).
+OPTIONAL = {"cls": "cls_token", "reg": "reg_token", "embedding/bias": "patch_embed.proj.bias",
+            "Transformer/encoder_norm/scale": "norm.weight",
+            "Transformer/encoder_norm/bias": "norm.bias", "norm_pre/scale": "norm_pre.weight",
+            "norm_pre/bias": "norm_pre.bias", "fc_norm/scale": "fc_norm.weight",
+            "fc_norm/bias": "fc_norm.bias", "head/kernel": "head.weight", "head/bias": "head.bias",
+            "MAPHead_0/probe": "attn_pool.latent"}
+
+# timm LayerNorm -> flax path.
+_NORMS = {"norm": "Transformer/encoder_norm", "norm_pre": "norm_pre", "fc_norm": "fc_norm"}
+
+
+def _is_square(n: int) -> bool:
+  return n > 0 and int(round(np.sqrt(n))) ** 2 == n
+
+
+def _fold_prefix_posemb(tree: dict, pe: np.ndarray, n_prefix: int) -> np.ndarray:
+  """timm's default layout adds posemb slots to the cls / register tokens: add them to the
+  tokens (`cls`, `reg`) and return the patch-only posemb (big_vision's layout)."""
+  if not n_prefix or _is_square(pe.shape[1]) or not _is_square(pe.shape[1] - n_prefix):
+    return pe
+  i = 0
+  if "cls" in tree:
+    tree["cls"] = tree["cls"] + pe[:, :1].astype(tree["cls"].dtype)
+    i = 1
+  if "reg" in tree:
+    tree["reg"] = tree["reg"] + pe[:, i:n_prefix].astype(tree["reg"].dtype)
+  return pe[:, n_prefix:]
 
 
 def vit(flat: Mapping[str, np.ndarray], num_heads: int, source: str = "timm checkpoint",
-        hint: str = "") -> dict:
-  """timm VisionTransformer state dict -> big_vision ViT tree (pos_embed keeps its cls slot;
-  `vit.fix_old_checkpoints` folds it into `cls` like big_vision does for old files)."""
-  for unsupported in ("fc_norm.weight", "reg_token", "norm_pre.weight"):
-    if unsupported in flat:
-      raise CheckpointError(
-          f"{source}: timm option {unsupported.split('.')[0]!r} has no big_vision equivalent "
-          "(use a timm ViT with class-token or MAP pooling, no registers, no pre-norm).")
+        hint: str = "", where: Optional[dict[str, str]] = None) -> dict:
+  """timm VisionTransformer state dict -> big_vision ViT tree (patch-only `pos_embedding`).
+
+  `where`, if given, receives {flax path: timm key} for tl.check_tree. Any tensor the
+  converter does not place raises a CheckpointError naming it."""
+  if "dist_token" in flat:
+    raise CheckpointError(
+        f"{source}: a distilled DeiT (has 'dist_token' / 'head_dist'); its two heads have no "
+        f"single classifier input. Use the non-distilled deit_*_patch16_* weights. {hint}".strip())
   get = tl.Tensors(flat, source, hint)
-  tree: dict = {"embedding": tl.torch_conv(get("patch_embed.proj.weight"),
-                                           get("patch_embed.proj.bias")),
-                "pos_embedding": get("pos_embed")}
+  where = {} if where is None else where
+  paths: dict[str, np.ndarray] = {}
+
+  def put(path: str, value: np.ndarray, key: str) -> None:
+    paths[path] = value
+    where[path] = key
+
+  emb = tl.torch_conv(get("patch_embed.proj.weight"),
+                      get("patch_embed.proj.bias") if "patch_embed.proj.bias" in flat else None)
+  put("embedding/kernel", emb["kernel"], "patch_embed.proj.weight")
+  if "bias" in emb:
+    put("embedding/bias", emb["bias"], "patch_embed.proj.bias")
+  tokens: dict = {}
   if "cls_token" in flat:
-    tree["cls"] = get("cls_token")
-  enc = recover_tree(tl.convert_blocks(flat, r"blocks\.(\d+)\.(.+)", num_heads, BLOCK_NAMES,
-                                       "encoderblock", source, hint))
-  enc["encoder_norm"] = tl.torch_layernorm(get("norm.weight"), get("norm.bias"))
-  tree["Transformer"] = enc
+    tokens["cls"] = get("cls_token")
+  if "reg_token" in flat:
+    tokens["reg"] = get("reg_token")
+  n_prefix = sum(np.shape(t)[1] for t in tokens.values())
+  pe = _fold_prefix_posemb(tokens, get("pos_embed"), n_prefix)
+  put("pos_embedding", pe, "pos_embed")
+  for name, key in (("cls", "cls_token"), ("reg", "reg_token")):
+    if name in tokens:
+      put(name, tokens[name], key)
+  for torch_name, path in _NORMS.items():
+    if f"{torch_name}.weight" in flat:
+      put(f"{path}/scale", get(f"{torch_name}.weight"), f"{torch_name}.weight")
+      put(f"{path}/bias", get(f"{torch_name}.bias"), f"{torch_name}.bias")
+  block_where: dict[str, str] = {}
+  blocks = tl.convert_blocks(flat, BLOCKS, num_heads, BLOCK_NAMES, "encoderblock", source,
+                             hint, where=block_where)
+  paths.update({f"Transformer/{k}": a for k, a in blocks.items()})
+  where.update({f"Transformer/{k}": key for k, key in block_where.items()})
   if "attn_pool.latent" in flat:
     k, v = tl.split_fused(get("attn_pool.kv.weight"), get("attn_pool.kv.bias"), 2)
-    tree["MAPHead_0"] = {
+    head = {
         "probe": get("attn_pool.latent"),
         "MultiHeadDotProductAttention_0": tl.torch_attention(
             (get("attn_pool.q.weight"), get("attn_pool.q.bias")), k, v,
@@ -46,6 +109,10 @@ def vit(flat: Mapping[str, np.ndarray], num_heads: int, source: str = "timm chec
                                                  get("attn_pool.mlp.fc1.bias")),
                        "Dense_1": tl.torch_dense(get("attn_pool.mlp.fc2.weight"),
                                                  get("attn_pool.mlp.fc2.bias"))}}
+    paths.update({f"MAPHead_0/{k}": a for k, a in flatten(head).items()})
   if "head.weight" in flat:
-    tree["head"] = tl.torch_dense(get("head.weight"), get("head.bias"))
-  return tree
+    put("head/kernel", tl.torch_dense(get("head.weight"))["kernel"], "head.weight")
+    put("head/bias", get("head.bias"), "head.bias")
+  get.check_all_used(BLOCKS, "timm VisionTransformer")
+  return recover_tree(paths)
+

@@ -74,10 +74,14 @@ def split_fused(w: np.ndarray, b: np.ndarray, n: int = 3) -> list[tuple[np.ndarr
 
 
 class Tensors:
-  """Flat torch-named tensors; `t(name)` returns one or raises a CheckpointError naming it."""
+  """Flat torch-named tensors; `t(name)` returns one or raises a CheckpointError naming it.
+
+  Remembers the names it handed out (`used`), so `check_all_used` can name a tensor the
+  converter did not expect."""
 
   def __init__(self, flat: Mapping[str, np.ndarray], source: str, hint: str = ""):
     self.flat, self.source, self.hint = flat, source, hint
+    self.used: set[str] = set()
 
   def __contains__(self, name: str) -> bool:
     return name in self.flat
@@ -87,7 +91,20 @@ class Tensors:
       raise CheckpointError(
           f"{self.source}: expected tensor {name!r} is missing (the file has e.g. "
           f"{sorted(self.flat)[:4]}). {self.hint}".strip())
+    self.used.add(name)
     return np.asarray(self.flat[name])
+
+  def check_all_used(self, pattern: str = "", what: str = "model") -> None:
+    """Raises a CheckpointError naming the first tensor neither handed out nor matching the
+    regex `pattern` (the block tensors, which convert_blocks checks itself)."""
+    rx = re.compile(pattern) if pattern else None
+    extra = sorted(k for k in self.flat
+                   if k not in self.used and not (rx and rx.fullmatch(k)))
+    if extra:
+      raise CheckpointError(
+          f"{self.source}: unexpected tensor {extra[0]!r} (shape {np.shape(self.flat[extra[0]])}"
+          f"; {len(extra)} unexpected in all) for a {what}: a different architecture or "
+          f"option? {self.hint}".strip())
 
 
 # ----------------------------------------------------------------------------- blocks
@@ -134,11 +151,12 @@ def convert_block(sub: str, v: np.ndarray, num_heads: int, names: Mapping[str, s
 
 
 def convert_blocks(flat: Mapping[str, np.ndarray], pattern: str, num_heads: int,
-                   names: Mapping[str, str], out: str, what: str, hint: str = ""
-                   ) -> dict[str, np.ndarray]:
+                   names: Mapping[str, str], out: str, what: str, hint: str = "",
+                   where: Optional[dict[str, str]] = None) -> dict[str, np.ndarray]:
   """Every tensor whose key fullmatches `pattern` (groups: block index, sub-name) ->
   {f"{out}_{i}/{flax sub-path}": array}; a tensor `convert_block` cannot place raises one
-  CheckpointError naming it, the `what` checkpoint and `hint`."""
+  CheckpointError naming it, the `what` checkpoint and `hint`. `where`, if given, receives
+  {flax path: torch key} (for `check_tree`)."""
   rx = re.compile(pattern)
   converted = {}
   for key, v in flat.items():
@@ -152,7 +170,69 @@ def convert_blocks(flat: Mapping[str, np.ndarray], pattern: str, num_heads: int,
           f"unknown block tensor, or a width that {num_heads} heads do not divide (wrong "
           f"variant or sizes?). {hint}".strip())
     converted.update({f"{out}_{m[1]}/{k}": a for k, a in conv.items()})
+    if where is not None:
+      where.update({f"{out}_{m[1]}/{k}": key for k in conv})
   return converted
+
+
+def _block_torch_key(sub: str, names: Mapping[str, str]) -> Optional[str]:
+  """A vit.Encoder1DBlock param path ('MultiHeadDotProductAttention_0/key/bias') -> the torch
+  sub-name that feeds it under `names` ('attn.qkv.bias'), or None."""
+  parts = sub.split("/")
+  if parts[0] == MHA:
+    targets = ["out"] if parts[1] == "out" else ["qkv", {v: k for k, v in _QKV.items()}[parts[1]]]
+  else:
+    targets = ["/".join(parts[:-1])]
+  for module, target in names.items():
+    if target in targets:
+      if module.endswith(".in_proj"):          # nn.MultiheadAttention: in_proj_weight / _bias
+        return f"{module}_{'weight' if parts[-1] == 'kernel' else 'bias'}"
+      leaf = {"kernel": "weight", "scale": "weight", "bias": "bias"}[parts[-1]]
+      return f"{module}.{'gamma' if target.startswith('LayerScale') else leaf}"
+  return None
+
+
+def check_tree(tree: Mapping[str, Any], init_params: Mapping[str, Any],
+               where: Mapping[str, str], source: str, hint: str = "", *,
+               optional: Optional[Mapping[str, str]] = None,
+               block_names: Optional[Mapping[str, str]] = None, block_key: str = "",
+               skip: Sequence[str] = ()) -> None:
+  """Converted `tree` against the (unrolled) init tree before merging, naming torch keys:
+  a leaf whose shape differs (`where`: {flax path: torch key}), a leaf the model lacks, a
+  model param the file did not provide (`optional`: {flax path: torch key} of the
+  top-level params; blocks `encoderblock_{i}` via `block_names` and `block_key`, the torch
+  prefix of block i as a format string). A scanned init tree (one stacked `encoderblock`)
+  and the `skip` paths (a posemb that is resampled) are left to merge_params."""
+  tail = f" {hint}".rstrip()
+  init_flat, flat = flatten(init_params), flatten(tree)
+  optional, block_names = optional or {}, block_names or {}
+
+  def fail(key, what):
+    raise CheckpointError(f"{source}: tensor {key!r} {what}.{tail}")
+
+  for path, a in flat.items():
+    if path in skip or path not in where:
+      continue
+    if path not in init_flat:
+      if re.sub(r"encoderblock_\d+", "encoderblock", path) not in init_flat:
+        fail(where[path], f"(shape {tuple(np.shape(a))}) is unexpected: the model has no "
+             f"{path!r} (built without this option, or a different variant?)")
+      continue
+    want = tuple(np.shape(init_flat[path]))
+    if tuple(np.shape(a)) != want:
+      fail(where[path], f"does not fit the model: it gives {path!r} the shape "
+           f"{tuple(np.shape(a))} but the model has {want} (a different variant or config?)")
+  for path in init_flat:
+    if path in flat or path in skip:
+      continue
+    m = re.fullmatch(r"Transformer/encoderblock_(\d+)/(.+)", path)
+    key = optional.get(path)
+    if m and block_key:
+      sub = _block_torch_key(m[2], block_names)
+      key = block_key.format(m[1]) + sub if sub else None
+    if key:
+      fail(key, f"is missing (the model needs it for {path!r}; a different architecture "
+           "or option?)")
 
 
 def num_heads(init_params: Mapping[str, Any]) -> int:
