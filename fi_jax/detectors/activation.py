@@ -1,4 +1,4 @@
-"""Feature-shaping energy scores: ReAct, ASH-P/-B/-S, SCALE, DICE
+"""Feature-shaping energy scores: ReAct, VRA, ASH-P/-B/-S, SCALE, DICE
 (docs/detectors.md#feature-shaping-energy-scores).
 
 Each reshapes the penultimate features (or the head's weights) and returns the energy
@@ -27,6 +27,19 @@ def _check_percentile(name, hp):
   require(0 <= hp["percentile"] <= 100, f"{name}: percentile must be in [0, 100].")
 
 
+def _fit_entries(det, train) -> np.ndarray:
+  """All entries of the fit features (of a seeded `max_rows` row subset when larger); the same
+  rows for every percentile and detector (ReAct, VRA): shared inside detectors.shared()."""
+  def sample_rows():
+    sample = stats.RowSample(det.hparams["max_rows"], det.hparams["seed"], ("features",))
+    for start, chunk in stats.chunks(train):
+      require(chunk.features is not None, f"{det.name} needs fit Outputs with features.")
+      sample.add(start, chunk)
+    return sample.result()["features"].reshape(-1)
+  return shared.memo((train,), ("react_rows", det.hparams["max_rows"], det.hparams["seed"]),
+                     sample_rows)
+
+
 class ReAct(Detector):
   """Energy of the logits of min(h, c) (Sun et al.); c = the `percentile`-th percentile
   (numpy 'linear') of *all entries* of the fit features. OpenOOD: percentile 90 of val5k
@@ -44,20 +57,45 @@ class ReAct(Detector):
     require(int(hp["max_rows"]) >= 1, "react: max_rows must be >= 1.")
 
   def _fit(self, train, head):
-    def sample_rows():
-      sample = stats.RowSample(self.hparams["max_rows"], self.hparams["seed"], ("features",))
-      for start, chunk in stats.chunks(train):
-        require(chunk.features is not None, "react needs fit Outputs with features.")
-        sample.add(start, chunk)
-      return sample.result()["features"].reshape(-1)
-    # the same rows for every percentile: shared inside detectors.shared()
-    feats = shared.memo((train,), ("react_rows", self.hparams["max_rows"], self.hparams["seed"]),
-                        sample_rows)
-    clip = np.percentile(feats, self.hparams["percentile"])
+    clip = np.percentile(_fit_entries(self, train), self.hparams["percentile"])
     return {**head_state(head), "clip": jnp.asarray(clip, jnp.float32)}
 
   def _score(self, state, features, logits):
     return _energy_of(jnp.minimum(jnp.asarray(features, jnp.float32), state["clip"]), state)
+
+
+class VRA(Detector):
+  """VRA-P (Xu et al. NeurIPS 2023): energy of the logits of the rectified features
+  g(h) = 0 where h < a, h where a <= h <= b, b where h > b (mode 'zero', the paper's VRA-P);
+  OpenOOD's `vra` postprocessor clips instead, g(h) = min(max(h, a), b) (mode 'clip').
+  a, b = the `percentile_low` / `percentile_high` percentiles (numpy 'linear') of all entries of
+  the fit features (seeded `max_rows` subset as ReAct). 10 / 90 (OpenOOD's defaults)."""
+  name, needs = "vra", frozenset({"features", "head"})
+  fit_needs = frozenset({"features"})
+  defaults = {"percentile_low": 10.0, "percentile_high": 90.0, "mode": "zero",
+              "max_rows": 50_000, "seed": 0}
+  presets = {"openood": {"mode": "clip"}}
+
+  @classmethod
+  def validate(cls, hp):
+    lo, hi = hp["percentile_low"], hp["percentile_high"]
+    require(0 <= lo <= hi <= 100, "vra: need 0 <= percentile_low <= percentile_high <= 100.")
+    require(hp["mode"] in ("zero", "clip"), "vra: mode must be 'zero' or 'clip'.")
+    require(int(hp["max_rows"]) >= 1, "vra: max_rows must be >= 1.")
+
+  def _fit(self, train, head):
+    lo, hi = np.percentile(_fit_entries(self, train),
+                           [self.hparams["percentile_low"], self.hparams["percentile_high"]])
+    return {**head_state(head), "low": jnp.asarray(lo, jnp.float32),
+            "high": jnp.asarray(hi, jnp.float32)}
+
+  def _score(self, state, features, logits):
+    h = jnp.asarray(features, jnp.float32)
+    if self.hparams["mode"] == "clip":
+      g = jnp.clip(h, state["low"], state["high"])
+    else:
+      g = jnp.where(h < state["low"], 0.0, jnp.minimum(h, state["high"]))
+    return _energy_of(g, state)
 
 
 def _ash_keep(d: int, percentile: float) -> int:
