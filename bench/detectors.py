@@ -256,15 +256,15 @@ def reference(name, hp, fit, test, head):
     ok = zf.argmax(1) == yf
     mav, _ = _class_means(zf[ok], yf[ok], c)
     d = np.linalg.norm(zf[ok] - mav[yf[ok]], axis=1)
-    scale, shape, small = np.ones(c), np.ones(c), np.zeros(c)
+    scale, shape, small, fitted = np.ones(c), np.ones(c), np.zeros(c), np.zeros(c, bool)
     for k in range(c):
       tail = np.sort(d[yf[ok] == k])[-hp["tail"]:]
-      if len(tail) >= 2 and tail[-1] > tail[0]:
-        small[k] = tail[0]
+      if len(tail) >= 2 and tail[-1] > tail[0]:                 # else no Weibull: w = 0
+        small[k], fitted[k] = tail[0], True
         shape[k], _, scale[k] = scipy.stats.weibull_min.fit(tail + 1 - tail[0], floc=0)
     dt = np.sqrt(np.maximum((zt ** 2).sum(1)[:, None] - 2 * zt @ mav.T + (mav ** 2).sum(1), 0))
     x = np.maximum(dt + 1 - small, 0)
-    w = 1 - np.exp(-(x / scale) ** shape)
+    w = np.where(fitted, 1 - np.exp(-(x / scale) ** shape), 0.0)
     a = hp["alpha"]
     top = np.argsort(-zt, axis=1)[:, :a]
     omega = np.zeros_like(zt)
