@@ -33,6 +33,7 @@ jax.config.update("jax_enable_x64", True)
 import faiss  # noqa: E402
 import scipy.optimize  # noqa: E402
 import scipy.special  # noqa: E402
+import scipy.stats  # noqa: E402
 from sklearn.covariance import EmpiricalCovariance  # noqa: E402
 
 from fi_jax import detectors  # noqa: E402
@@ -266,6 +267,60 @@ def reference(name, hp, fit, test, head):
     if name == "weiper":
       return np.log(msp)
     raise ValueError("weiper_kld: no vectorised reference here (tests/test_detectors_wave2b.py)")
+  if name in ("mds_pp", "rmds_pp"):
+    nf = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+    hn, htn = nf(hf), nf(ht)
+    means, valid = _class_means(hn, yf, c)
+    prec = EmpiricalCovariance(assume_centered=True).fit(hn - means[yf]).precision_
+    s = -_maha_min(htn, means, valid, prec)
+    if name == "rmds_pp":
+      s = s + EmpiricalCovariance(assume_centered=False).fit(hn).mahalanobis(htn)
+    return s
+  if name == "ssd":
+    return -EmpiricalCovariance(assume_centered=False).fit(hf).mahalanobis(ht)
+  if name == "neco":
+    mu, sd = hf.mean(0), hf.std(0)
+    sd[sd == 0] = 1.0
+    lam, vec = np.linalg.eigh(np.cov((hf - mu) / sd, rowvar=False, bias=True))
+    s = (ht - mu) / sd
+    r = np.linalg.norm(s @ vec[:, ::-1][:, :hp["dim"]], axis=1) / np.linalg.norm(s, axis=1)
+    return r * zt.max(1) if hp["maxlogit"] else r
+  if name == "relation":
+    fb, pb = _norm(fit.features).astype(np.float64), np.exp(zf - _lse(zf)[:, None])
+    fq, pq = _norm(test.features).astype(np.float64), np.exp(zt - _lse(zt)[:, None])
+    out = np.zeros(len(fq))
+    for i in range(0, len(fq), 256):
+      r = np.maximum(fq[i:i + 256] @ fb.T, 0) * (pq[i:i + 256] @ pb.T)
+      out[i:i + 256] = np.where(r > hp["thres"], r ** hp["pow"], 0).sum(1)
+    return out
+  if name == "openmax":
+    ok = zf.argmax(1) == yf
+    mav, _ = _class_means(zf[ok], yf[ok], c)
+    d = np.linalg.norm(zf[ok] - mav[yf[ok]], axis=1)
+    scale, shape, small, fitted = np.ones(c), np.ones(c), np.zeros(c), np.zeros(c, bool)
+    for k in range(c):
+      tail = np.sort(d[yf[ok] == k])[-hp["tail"]:]
+      if len(tail) >= 2 and tail[-1] > tail[0]:                 # else no Weibull: w = 0
+        small[k], fitted[k] = tail[0], True
+        shape[k], _, scale[k] = scipy.stats.weibull_min.fit(tail + 1 - tail[0], floc=0)
+    dt = np.sqrt(np.maximum((zt ** 2).sum(1)[:, None] - 2 * zt @ mav.T + (mav ** 2).sum(1), 0))
+    x = np.maximum(dt + 1 - small, 0)
+    w = np.where(fitted, 1 - np.exp(-(x / scale) ** shape), 0.0)
+    a = hp["alpha"]
+    top = np.argsort(-zt, axis=1)[:, :a]
+    omega = np.zeros_like(zt)
+    np.put_along_axis(omega, top, (a - np.arange(a)) / a, 1)
+    v = zt * (1 - w * omega)
+    v0 = (zt * w * omega).sum(1)
+    m = np.maximum(v.max(1), v0)
+    e0 = np.exp(v0 - m)
+    return -e0 / (np.exp(v - m[:, None]).sum(1) + e0)
+  if name == "vra":
+    lo, hi = np.percentile(np.asarray(fit.features)[_sample_rows(fit, hp)].reshape(-1),
+                           [hp["percentile_low"], hp["percentile_high"]])
+    g = (np.clip(ht, lo, hi) if hp["mode"] == "clip"
+         else np.where(ht < lo, 0, np.minimum(ht, hi)))
+    return energy_of(g)
   raise ValueError(f"no reference for {name}")
 
 

@@ -458,7 +458,7 @@ def test_odin_equals_torch_reference():
 _ALL_FIT = {"vim": {"dim": 20}, "residual": {"dim": 20}, "knn": {"k": 5},
             "nnguide": {"k": 5, "alpha": 0.3}, "tempscale": {"max_rows": 1000},
             "react": {"max_rows": 1000}, "weiper": {"repeats": 5},
-            "weiper_kld": {"repeats": 5}}
+            "weiper_kld": {"repeats": 5}, "neco": {"dim": 10}}
 
 
 def _batches(out, sizes):
@@ -528,7 +528,7 @@ def test_react_subsampled_quantile(nonneg):
 
 def test_registry_and_errors():
   names = detectors.names()
-  assert len(names) == 31 and len(set(names)) == 31
+  assert len(names) >= 38 and len(set(names)) == len(names)
   assert {"msp", "vim", "knn", "odin", "mcm", "relative_cosine", "ash_b"} <= set(names)
   with pytest.raises(ValueError, match="valid:.*msp"):
     detectors.build("nope")
@@ -614,7 +614,8 @@ def test_shared_scope_gives_identical_scores_and_does_shared_work_once(nonneg, m
   class moments are computed in fewer passes, and KNN at k=1000 and k=50 runs one search."""
   fit, test, head = nonneg
   runs = [(n, p) for n in detectors.names() if n != "odin" for p in detectors.PRESETS]
-  small = lambda r: {"dim": 16} if r[0] in ("vim", "residual") and r[1] == "openood" else {}
+  small = lambda r: ({"dim": 16} if r[0] in ("vim", "residual") and r[1] == "openood"
+                     else {"dim": 10} if r[0] == "neco" else {})
   alone = {r: fit_score(r[0], fit, test, head, preset=r[1], **small(r)) for r in runs}
 
   calls = {"moments": 0, "topk": 0}
@@ -637,8 +638,9 @@ def test_shared_scope_gives_identical_scores_and_does_shared_work_once(nonneg, m
   # KNN (both k) one search, NNGuide (identical presets) one search
   assert calls["topk"] == 2
   # label+scatter (MDS/RMDS, also serving cosine, fDBD, NCI, DICE), correct (SHE),
-  # scatter about u (ViM / Residual)
-  assert calls["moments"] == 3
+  # scatter about u (ViM / Residual), normalised label+scatter (MDS++/RMDS++), plain scatter
+  # (SSD/NECO), correct on the logits (OpenMax)
+  assert calls["moments"] == 6
   assert not detectors.shared_active()
 
 

@@ -10,10 +10,11 @@ evaluate keep their paper default), 'openood' (OpenOOD v1.5 defaults); None = th
 (each detector's `defaults`, documented in its docstring). `state` is a dict of arrays
 (`save_state` / `load_state`: npz, '/'-joined keys, no pickle).
 
-Families: logit.py (msp, maxlogit, energy, tempscale, gen, klm), activation.py (react, ash_p,
-ash_b, ash_s, scale, dice, bats, optfs, line), distance.py (mds, rmds, residual, vim, she, cosine,
-relative_cosine, fdbd, nci), knn.py (knn, nnguide), gradient.py (odin, gradnorm),
-zero_shot.py (mcm), weiper.py (weiper, weiper_kld); stats.py holds the streaming statistics every fit uses.
+Families: logit.py (msp, maxlogit, energy, tempscale, gen, klm), activation.py (react, vra,
+ash_p, ash_b, ash_s, scale, dice, bats, optfs, line), distance.py (mds, rmds, mds_pp, rmds_pp,
+ssd, residual, vim, neco, she, cosine, relative_cosine, fdbd, nci), knn.py (knn, nnguide,
+relation), openmax.py (openmax), gradient.py (odin, gradnorm), zero_shot.py (mcm), weiper.py
+(weiper, weiper_kld); stats.py holds the streaming statistics every fit uses.
 
 A suite: `with detectors.shared(dets): ...` makes detectors that repeat work on the same
 arrays do it once (class moments, KNN's search for every k, identical preset pairs); the
@@ -27,7 +28,7 @@ from typing import Optional
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.detectors import activation, distance, gradient, knn, logit, weiper, zero_shot
+from fi_jax.detectors import activation, distance, gradient, knn, logit, openmax, weiper, zero_shot
 from fi_jax.detectors.shared import active as shared_active
 from fi_jax.detectors.shared import shared
 from fi_jax.detectors.core import Detector, Head, Outputs
@@ -41,6 +42,8 @@ _CLASSES = (
     distance.Residual, distance.ViM, knn.KNN, knn.NNGuide, distance.FDBD, distance.NCI,
     gradient.GradNorm, distance.Cosine, distance.RelativeCosine, zero_shot.MCM,
     weiper.WeiPer, weiper.WeiPerKLD, activation.OptFS, activation.BATS, activation.LINe,
+    distance.MDSpp, distance.RMDSpp, distance.SSD, distance.NECO, knn.Relation, openmax.OpenMax,
+    activation.VRA,
 )
 REGISTRY: dict[str, type[Detector]] = {c.name: c for c in _CLASSES}
 

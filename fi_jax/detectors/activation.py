@@ -1,4 +1,4 @@
-"""Feature-shaping energy scores: ReAct, ASH-P/-B/-S, SCALE, DICE, BATS, OptFS, LINe
+"""Feature-shaping energy scores: ReAct, VRA, ASH-P/-B/-S, SCALE, DICE, BATS, OptFS, LINe
 (docs/detectors.md#feature-shaping-energy-scores).
 
 Each reshapes the penultimate features (or the head's weights) and returns the energy
@@ -64,6 +64,41 @@ class ReAct(Detector):
 
   def _score(self, state, features, logits):
     return _energy_of(jnp.minimum(jnp.asarray(features, jnp.float32), state["clip"]), state)
+
+
+class VRA(Detector):
+  """VRA-P (Xu et al. NeurIPS 2023): energy of the logits of the rectified features
+  g(h) = 0 where h < a, h where a <= h <= b, b where h > b (mode 'zero', the paper's VRA-P);
+  OpenOOD's `vra` postprocessor clips instead, g(h) = min(max(h, a), b) (mode 'clip').
+  a, b = the `percentile_low` / `percentile_high` percentiles (numpy 'linear') of all entries of
+  the fit features (seeded `max_rows` subset as ReAct). 10 / 90 (OpenOOD's defaults)."""
+  name, needs = "vra", frozenset({"features", "head"})
+  fit_needs = frozenset({"features"})
+  defaults = {"percentile_low": 10.0, "percentile_high": 90.0, "mode": "zero",
+              "max_rows": 50_000, "seed": 0}
+  presets = {"openood": {"mode": "clip"}}
+
+  @classmethod
+  def validate(cls, hp):
+    lo, hi = hp["percentile_low"], hp["percentile_high"]
+    require(0 <= lo <= hi <= 100, "vra: need 0 <= percentile_low <= percentile_high <= 100.")
+    require(hp["mode"] in ("zero", "clip"), "vra: mode must be 'zero' or 'clip'.")
+    require(int(hp["max_rows"]) >= 1, "vra: max_rows must be >= 1.")
+
+  def _fit(self, train, head):
+    hp = self.hparams
+    entries = sampled_entries(train, hp["max_rows"], hp["seed"], self.name)
+    lo, hi = np.percentile(entries, [hp["percentile_low"], hp["percentile_high"]])
+    return {**head_state(head), "low": jnp.asarray(lo, jnp.float32),
+            "high": jnp.asarray(hi, jnp.float32)}
+
+  def _score(self, state, features, logits):
+    h = jnp.asarray(features, jnp.float32)
+    if self.hparams["mode"] == "clip":
+      g = jnp.clip(h, state["low"], state["high"])
+    else:
+      g = jnp.where(h < state["low"], 0.0, jnp.minimum(h, state["high"]))
+    return _energy_of(g, state)
 
 
 def _ash_keep(d: int, percentile: float) -> int:

@@ -1,5 +1,5 @@
-"""Feature-space scores: MDS, RMDS, Residual, ViM, SHE, cosine, relative cosine, fDBD, NCI
-(docs/detectors.md#feature-space-scores). Statistics are float64 streaming sums (stats.py); linear
+"""Feature-space scores: MDS, RMDS, MDS++, RMDS++, SSD, Residual, ViM, NECO, SHE, cosine,
+relative cosine, fDBD, NCI (docs/detectors.md#feature-space-scores). Statistics are float64 streaming sums (stats.py); linear
 algebra (eigh, pinv) and
 quadratic forms run in the compute dtype (float64 under x64).
 
@@ -98,6 +98,91 @@ class RMDS(MDS):
     return -min_class_maha + _min_maha(features, state, prefix="bg_")
 
 
+class _Normalized:
+  """The fit set with L2-normalised feature rows (MDS++ / RMDS++), in the fit set's fixed chunks
+  (so the normalisation sees the same shapes however the fit set is batched)."""
+
+  def __init__(self, train):
+    self.train = train
+
+  def __iter__(self):
+    for _, chunk in stats.chunks(self.train):
+      require(chunk.features is not None, "mds_pp / rmds_pp need fit Outputs with features.")
+      yield Outputs(_l2n(chunk.features), chunk.logits, chunk.labels)
+
+
+@jax.jit
+def _l2n(h):
+  return l2_normalize(fc(h))
+
+
+def normalized_fit_set(train):
+  """The fit set with L2-normalised features; one object per fit set inside
+  `detectors.shared()`, so MDS++ and RMDS++ share its class moments."""
+  if not stats.is_reiterable(train):
+    return _Normalized(train)
+  return shared.memo((train,), ("l2_normalized_fit",), lambda: _Normalized(train))
+
+
+def normalized_features(features):
+  """L2-normalised rows (compute dtype), shared inside `detectors.shared()`."""
+  return shared.memo((features,), ("l2_normalized",), lambda: _l2n(features))
+
+
+class MDSpp(MDS):
+  """Mahalanobis++ (Mueller & Hein, ICML 2025): MDS on L2-normalised features h / |h| (fit and
+  test), class means and shared covariance as MDS."""
+  name = "mds_pp"
+
+  def _fit(self, train, head):
+    c, train = _peek_classes(train, head)
+    return MDS._fit(self, normalized_fit_set(train), head if head is not None else _Classes(c))
+
+  def _score_args(self, state, outputs):
+    return MDS._score_args(self, state, Outputs(normalized_features(outputs.features), None))
+
+
+class RMDSpp(RMDS):
+  """RMDS++ (Mueller & Hein, ICML 2025): RMDS on L2-normalised features."""
+  name = "rmds_pp"
+
+  def _fit(self, train, head):
+    c, train = _peek_classes(train, head)
+    return RMDS._fit(self, normalized_fit_set(train), head if head is not None else _Classes(c))
+
+  def _score_args(self, state, outputs):
+    return MDSpp._score_args(self, state, outputs)
+
+
+class _Classes:
+  """A stand-in head that only carries the number of classes (for `_peek_classes`)."""
+
+  def __init__(self, c: int):
+    self.w = np.zeros((0, c))
+
+
+def _global_cov(st) -> np.ndarray:
+  """(1/N) sum_i (h_i - mu)(h_i - mu)^T over all rows, mu their mean (float64)."""
+  d = st["sum"] / st["n"] - st["shift"]
+  return st["scatter"] / st["n"] - np.outer(d, d)
+
+
+class SSD(Detector):
+  """SSD-style single Gaussian (Sehwag et al., label-free form on a classifier's features; as
+  OpenOOD's `ssd` postprocessor with one class, no input noise): mu = mean of all fit
+  features, Sigma = (1/N) sum_i (h_i - mu)(h_i - mu)^T, P = pinvh(Sigma);
+  s = -(h - mu)^T P (h - mu). Labels are not used."""
+  name, needs = "ssd", frozenset({"features"})
+  fit_needs = frozenset({"features"})
+
+  def _fit(self, train, head):
+    st = stats.moments(train, scatter=True)
+    return _gaussian_state((st["sum"] / st["n"])[None, :], np.ones(1, bool), _global_cov(st))
+
+  def _score(self, state, features, logits):
+    return -_min_maha(features, state)
+
+
 # ----------------------------------------------------------------------------- ViM / Residual
 
 def vim_dim(d: int) -> int:
@@ -189,6 +274,51 @@ def _tee(train, sample: stats.RowSample):
   for start, chunk in stats.chunks(train):
     sample.add(start, chunk)
     yield chunk
+
+
+# ----------------------------------------------------------------------------- NECO
+
+@jax.jit
+def _neco_ratio(h, mean, inv_std, pcs):
+  s = (fc(h) - mean) * inv_std
+  return jnp.linalg.norm(matmul(s, pcs), axis=-1) / jnp.linalg.norm(s, axis=-1)
+
+
+class NECO(Detector):
+  """NECO (Ammar et al. ICLR 2024; official code): standardise with the fit set's mean and
+  population std (sklearn StandardScaler: a zero std is replaced by 1), s = (h - mu) / sigma;
+  P_d = the top-`dim` principal directions of the standardised fit features (eigh of their
+  covariance, float64); score = |P_d^T s| / |s|, times max_c z_c when `maxlogit` (the official
+  code's ViT / Swin / DeiT form; False: its ResNet form). dim = 100 (official ImageNet
+  default); dim > D is an error."""
+  name, needs = "neco", frozenset({"features", "logits"})
+  fit_needs = frozenset({"features"})
+  defaults = {"dim": 100, "maxlogit": True}
+  score_only = frozenset({"maxlogit"})
+
+  @classmethod
+  def validate(cls, hp):
+    require(isinstance(hp["dim"], (int, np.integer)) and hp["dim"] >= 1,
+            "neco: dim must be an int >= 1.")
+    require(isinstance(hp["maxlogit"], (bool, np.bool_)), "neco: maxlogit must be a bool.")
+
+  def _fit(self, train, head):
+    st = stats.moments(train, scatter=True)
+    d = len(st["sum"])
+    if self.hparams["dim"] > d:
+      raise ValueError(f"neco: dim={self.hparams['dim']} > feature dimension {d}; set dim <= {d}.")
+    cov = _global_cov(st)
+    std = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    std = np.where(std == 0.0, 1.0, std)          # sklearn's StandardScaler keeps such columns
+    cd = cdtype()
+    zcov = jnp.asarray(cov / np.outer(std, std), cd)
+    _, vecs = jnp.linalg.eigh(0.5 * (zcov + zcov.T))               # ascending eigenvalues
+    return {"mean": jnp.asarray(st["sum"] / st["n"], cd), "inv_std": jnp.asarray(1.0 / std, cd),
+            "pcs": vecs[:, ::-1][:, :self.hparams["dim"]]}
+
+  def _score(self, state, features, logits):
+    r = _neco_ratio(features, state["mean"], state["inv_std"], state["pcs"])
+    return r * jnp.max(fc(logits), -1) if self.hparams["maxlogit"] else r
 
 
 # ----------------------------------------------------------------------------- class means

@@ -1,5 +1,5 @@
-"""Nearest-neighbour scores: KNN and NNGuide (docs/detectors.md#nearest-neighbour-scores), exact,
-blockwise, optionally sharded.
+"""Nearest-neighbour scores: KNN, NNGuide and Relation (docs/detectors.md#nearest-neighbour-scores),
+exact, blockwise, optionally sharded.
 
 Both scores need only order statistics of each query's similarities to the bank: KNN the k-th
 largest, NNGuide the sum of the k largest. Similarities are float32 inner products at HIGHEST
@@ -220,12 +220,14 @@ class KNN(_BankDetector):
   uses_top_sum = False
 
   def _fit(self, train, head):
-    parts = []
-    for _, chunk in stats.chunks(train):
-      require(chunk.features is not None, "knn needs fit Outputs with features.")
-      parts.append(np.asarray(_normalize32(chunk.features)))
-    require(bool(parts), "knn: the fit set is empty.")
-    return place_bank(parts)
+    def build():
+      parts = []
+      for _, chunk in stats.chunks(train):
+        require(chunk.features is not None, "knn needs fit Outputs with features.")
+        parts.append(np.asarray(_normalize32(chunk.features)))
+      require(bool(parts), "knn: the fit set is empty.")
+      return place_bank(parts)
+    return dict(shared.memo((train,), ("normalized_bank",), build))    # also Relation's bank
 
   def _score(self, state, kth, top_mean, logits):
     return -(2.0 - 2.0 * fc(kth))
@@ -261,3 +263,82 @@ class NNGuide(_BankDetector):
 
   def _score(self, state, kth, top_mean, logits):
     return energy(logits) * top_mean
+
+
+# ----------------------------------------------------------------------------- Relation
+
+@functools.partial(jax.jit, static_argnames=("power", "query_block", "bank_block"))
+def relation_sums(feats, probs, bank, prob_bank, n_valid, thres, *, power: int, query_block: int,
+                  bank_block: int):
+  """sum_j [r_ij > thres] r_ij^power, r_ij = max(<f_i, b_j>, 0) <p_i, q_j>, over the first
+  n_valid bank rows (compute dtype; bank blocks of `bank_block` rows, query blocks of
+  `query_block` rows: the [N, N_bank] kernel never exists whole)."""
+  cd = fc(0.0).dtype
+  n, d = feats.shape
+  qb = max(1, min(query_block, n))
+  nq = math.ceil(n / qb)
+  pad = lambda x: jnp.pad(x, ((0, nq * qb - n), (0, 0))).reshape(nq, qb, x.shape[1])
+  nbank = bank.shape[0]
+  bb = max(1, min(bank_block, nbank))
+  nblocks = math.ceil(nbank / bb)
+
+  def one(args):
+    f, p = args
+
+    def block(i, acc):
+      start = jnp.minimum(i * bb, nbank - bb)
+      fb = lax.dynamic_slice_in_dim(bank, start, bb, axis=0).astype(cd)
+      pb = lax.dynamic_slice_in_dim(prob_bank, start, bb, axis=0).astype(cd)
+      rows = start + jnp.arange(bb)
+      r = (jnp.maximum(jnp.matmul(f, fb.T, precision=HIGHEST), 0.0)
+           * jnp.matmul(p, pb.T, precision=HIGHEST))
+      keep = (r > thres) & (rows >= i * bb)[None, :] & (rows < n_valid)[None, :]
+      return acc + jnp.sum(jnp.where(keep, r ** power, 0.0), -1)
+    return lax.fori_loop(0, nblocks, block, jnp.zeros((f.shape[0],), cd))
+
+  out = lax.map(one, (pad(feats.astype(cd)), pad(probs.astype(cd))))
+  return out.reshape(-1)[:n]
+
+
+@jax.jit
+def _softmax32(logits):
+  return jax.nn.softmax(fc(logits), -1).astype(jnp.float32)
+
+
+class Relation(Detector):
+  """Relation (Kim et al. NeurIPS 2023, as OpenOOD's `relation` postprocessor): with f = h / |h|
+  and p = softmax(z), s = sum_j [r_j > thres] r_j^pow over all fit rows j,
+  r_j = max(<f, f_j>, 0) <p, p_j>. pow = 1 (OpenOOD), thres = 0.03 (official code). The bank
+  is KNN's (L2-normalised float32 fit features, shared inside `detectors.shared()`) plus the
+  fit softmaxes (float32); the kernel is summed blockwise in the compute dtype."""
+  name, needs = "relation", frozenset({"features", "logits"})
+  fit_needs = frozenset({"features", "logits"})
+  defaults = {"pow": 1, "thres": 0.03, "query_block": 256, "bank_block": 16384}
+  presets = {"openood": {"pow": 1}}
+  score_only = frozenset({"pow", "thres", "query_block", "bank_block"})
+
+  @classmethod
+  def validate(cls, hp):
+    require(isinstance(hp["pow"], (int, np.integer)) and hp["pow"] >= 1,
+            "relation: pow must be an int >= 1.")
+    require(hp["thres"] >= 0, "relation: thres must be >= 0.")
+    require(int(hp["query_block"]) >= 1 and int(hp["bank_block"]) >= 1,
+            "relation: query_block and bank_block must be >= 1.")
+
+  def _fit(self, train, head):
+    feats, probs = [], []
+    for _, chunk in stats.chunks(train):
+      require(chunk.features is not None and chunk.logits is not None,
+              "relation needs fit Outputs with features and logits.")
+      feats.append(np.asarray(_normalize32(chunk.features)))
+      probs.append(np.asarray(_softmax32(chunk.logits)))
+    require(bool(feats), "relation: the fit set is empty.")
+    bank = shared.memo((train,), ("normalized_bank",), lambda: place_bank(feats))
+    return {**bank, "prob_bank": place_bank(probs)["bank"]}
+
+  def _score(self, state, features, logits):
+    return relation_sums(_normalize32(features), _softmax32(logits), state["bank"],
+                         state["prob_bank"], state["n"], self.hparams["thres"],
+                         power=int(self.hparams["pow"]),
+                         query_block=int(self.hparams["query_block"]),
+                         bank_block=int(self.hparams["bank_block"]))
