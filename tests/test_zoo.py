@@ -223,3 +223,10 @@ def test_torchvision_resize_and_crop_rules(jpegs):
     preprocess.get_preprocess_fn("resize_torchvision(8)")({"image": tf.zeros((9, 9, 3))})
   with pytest.raises(ValueError, match="crop_mode"):
     preprocess.get_preprocess_fn("resize_timm(8, 0.9, 'bicubic', 'border')")
+
+
+def test_every_default_is_in_the_tables():
+  missing = [f"{s}/{m}.{t}" for s, d in zoo._DEFAULTS.items() for m, t in d.items()
+             if f"{s}/{m}.{t}" not in TABLE]
+  # torchvision's ViTs come with vit.PRETRAINED (added beside this module)
+  assert all(n.startswith("torchvision/vit_") for n in missing), missing

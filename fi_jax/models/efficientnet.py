@@ -247,6 +247,7 @@ PRETRAINED: dict[str, dict] = {
         "efficientnet_v2_l", "efficientnet_v2_l-59c71312.pth", 480, 480, "bicubic", _HALF, _HALF),
     **dict([
         _timm("efficientnet_b0", "ra_in1k", 224, 0.875),
+        _timm("efficientnet_b1", "ra4_e3600_r240_in1k", 240, 0.9, _HALF, _HALF),
         _timm("efficientnet_b1", "ft_in1k", 224, 0.875),
         _timm("efficientnet_b2", "ra_in1k", 256, 0.875),
         _timm("efficientnet_b3", "ra2_in1k", 288, 0.875),

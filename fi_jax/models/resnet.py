@@ -170,6 +170,7 @@ PRETRAINED: dict[str, dict] = {
     **_timm("resnext50_32x4d.gluon_in1k", 224, 0.875, "bicubic"),
     **_timm("resnext50_32x4d.ra_in1k", 224, 0.875, "bicubic"),
     **_timm("resnext50d_32x4d.bt_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnext101_32x8d.tv_in1k", 224, 0.875, "bilinear"),
     **_timm("resnext101_32x8d.fb_ssl_yfcc100m_ft_in1k", 224, 0.875, "bilinear"),
     **_timm("resnext101_32x8d.fb_swsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
     **_timm("resnext101_32x8d.fb_wsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
