@@ -230,3 +230,9 @@ def test_every_default_is_in_the_tables():
              if f"{s}/{m}.{t}" not in TABLE]
   # torchvision's ViTs come with vit.PRETRAINED (added beside this module)
   assert all(n.startswith("torchvision/vit_") for n in missing), missing
+
+
+def test_docs_list_every_name():
+  import pathlib
+  docs = (pathlib.Path(__file__).parents[1] / "docs" / "models.md").read_text()
+  assert zoo.names_markdown() in docs   # regenerate: print(zoo.names_markdown())

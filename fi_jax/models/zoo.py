@@ -18,6 +18,7 @@ import difflib
 import importlib
 import os
 import re
+from collections import defaultdict
 from typing import Any
 
 import jax
@@ -189,3 +190,21 @@ def from_pretrained(name: str, ckpt: str, **overrides) -> tuple[Any, dict, dict[
                           jnp.zeros(init_shape(info), jnp.float32))["params"]
   params = mod.load(shapes, ckpt, model_kw)
   return model, params, {**info, "model": model_kw}
+
+
+def names_markdown() -> str:
+  """The supported names as a markdown list, one line per model (tags in table order, the
+  default in bold): the listing in docs/models.md ("Published checkpoints")."""
+  groups: dict = defaultdict(lambda: defaultdict(list))
+  for name, e in table().items():
+    source, rest = name.split("/", 1)
+    model, tag = rest.split(".", 1)
+    groups[(e["family"], source)][model].append(tag)
+  lines = []
+  for (family, source), models in groups.items():
+    lines.append(f"- `{family}` ({source}):")
+    for model, tags in models.items():
+      default = _DEFAULTS[source].get(model)
+      tags = [f"**{t}**" if t == default else t for t in tags]
+      lines.append(f"  - `{model}`: {', '.join(tags)}")
+  return "\n".join(lines) + "\n"
