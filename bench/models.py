@@ -9,6 +9,12 @@ reference's random init, converted by fi_jax's own loader from a safetensors fil
 inputs, the same batch and thread count; timings are the best of `repeats` warm calls, run
 alternately so that load on a shared machine hits both sides alike. To add a model, write a
 function like `vit_b16` and append it to `BENCHMARKS`.
+
+`resnet50_stages` splits ResNet-50's forward into the stem and the four stages. On XLA:CPU the
+convolution kernels are the limit: ConvNeXt-T spends its time in the 7x7 depthwise convolutions
+(feature_group_count = channels), which XLA:CPU runs about 5x slower than torch's kernel
+(batch 32, 56x56x96: ~1.07 s vs ~0.20 s on 2 cores), so ConvNeXt-T runs at ~0.5x torch while
+ResNet-50 and Swin-T (dense convs / matmuls) are at or above 1x.
 """
 from __future__ import annotations
 
