@@ -1,6 +1,7 @@
 """Model forward throughput: fi_jax (jit) vs the PyTorch reference, side by side.
 
     .venv/bin/python bench/models.py [--batch 8] [--repeats 5] [--threads 2] [--only vit_b16]
+    .venv/bin/python bench/models.py --batch 32 --only resnet50,convnext_t,swin_t,resnet50_stages
 
 Each entry of `BENCHMARKS` is a function `(args) -> list of rows`; a row is
 dict(name, fi_jax_s, ref_s, batch, max_abs_diff). Both sides get the same weights (the
@@ -8,6 +9,12 @@ reference's random init, converted by fi_jax's own loader from a safetensors fil
 inputs, the same batch and thread count; timings are the best of `repeats` warm calls, run
 alternately so that load on a shared machine hits both sides alike. To add a model, write a
 function like `vit_b16` and append it to `BENCHMARKS`.
+
+`resnet50_stages` splits ResNet-50's forward into the stem and the four stages. On XLA:CPU the
+convolution kernels are the limit: ConvNeXt-T spends its time in the 7x7 depthwise convolutions
+(feature_group_count = channels), which XLA:CPU runs about 5x slower than torch's kernel
+(batch 32, 56x56x96: ~1.07 s vs ~0.20 s on 2 cores), so ConvNeXt-T runs at ~0.5x torch while
+ResNet-50 and Swin-T (dense convs / matmuls) are at or above 1x.
 """
 from __future__ import annotations
 
@@ -117,7 +124,124 @@ def clip_b16(args) -> list[dict]:
                batch=args.batch, max_abs_diff=diff)]
 
 
-BENCHMARKS: list[Callable] = [vit_b16, clip_b16]
+def _zoo_bench(args, name: str, label: str, make_ref, overrides=None) -> list[dict]:
+  """A torchvision architecture with random weights (torchvision's init, BN statistics as
+  initialised), saved with torch.save and read through fi_jax.models.zoo.from_pretrained."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from fi_jax.models import zoo  # pylint: disable=g-import-not-at-top
+
+  torch.manual_seed(0)
+  ref = make_ref().eval()
+  with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "weights.pth")
+    torch.save(ref.state_dict(), path)
+    model, params, info = zoo.from_pretrained(name, path, **(overrides or {}))
+  params = jax.device_put(params)
+  size = info["input_size"]
+  x = np.random.default_rng(0).normal(0, 1, (args.batch, size, size, 3)).astype(np.float32)
+  xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
+  xj = jax.device_put(x)
+  fwd = jax.jit(lambda p, im: model.apply({"params": p}, im)[0])
+
+  def run_jax():
+    return np.asarray(jax.block_until_ready(fwd(params, xj)))
+
+  def run_torch():
+    with torch.inference_mode():
+      return ref(xt).numpy()
+
+  diff = float(np.max(np.abs(run_jax() - run_torch())))
+  times = alternate({"fi_jax": run_jax, "ref": run_torch}, args.repeats)
+  return [dict(name=f"{label}@{size} fwd (tv)", fi_jax_s=times["fi_jax"], ref_s=times["ref"],
+               batch=args.batch, max_abs_diff=diff)]
+
+
+def resnet50(args) -> list[dict]:
+  """torchvision ResNet-50 (V1.5), 1000 classes."""
+  import torchvision  # pylint: disable=g-import-not-at-top  (after the shim in main())
+  return _zoo_bench(args, "torchvision/resnet50.IMAGENET1K_V1", "ResNet-50",
+                    lambda: torchvision.models.resnet50())
+
+
+def convnext_t(args) -> list[dict]:
+  """torchvision ConvNeXt-T, 1000 classes."""
+  import torchvision  # pylint: disable=g-import-not-at-top
+  return _zoo_bench(args, "torchvision/convnext_tiny.IMAGENET1K_V1", "ConvNeXt-T",
+                    lambda: torchvision.models.convnext_tiny())
+
+
+def swin_t(args) -> list[dict]:
+  """torchvision Swin-T, 1000 classes."""
+  import torchvision  # pylint: disable=g-import-not-at-top
+  return _zoo_bench(args, "torchvision/swin_t.IMAGENET1K_V1", "Swin-T",
+                    lambda: torchvision.models.swin_t())
+
+
+def resnet50_stages(args) -> list[dict]:
+  """Where ResNet-50's forward time goes in fi_jax vs torch: stem and each stage alone
+  (batch `args.batch`, 224 px), plus XLA's cost analysis (FLOPs) of the whole forward."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import torchvision  # pylint: disable=g-import-not-at-top
+  from fi_jax.models import resnet  # pylint: disable=g-import-not-at-top
+
+  torch.manual_seed(0)
+  ref = torchvision.models.resnet50().eval()
+  with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "weights.pth")
+    torch.save(ref.state_dict(), path)
+    from fi_jax.models import zoo  # pylint: disable=g-import-not-at-top
+    model, params, _ = zoo.from_pretrained("torchvision/resnet50.IMAGENET1K_V1", path)
+  x = np.random.default_rng(0).normal(0, 1, (args.batch, 224, 224, 3)).astype(np.float32)
+  fwd = jax.jit(lambda p, im: model.apply({"params": p}, im)[0])
+  cost = fwd.lower(params, x).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  print(f"  ResNet-50 fwd, batch {args.batch}: XLA cost analysis {cost.get('flops', 0) / 1e9:.1f} "
+        f"GFLOP", flush=True)
+  # stages: the fi_jax block stack of stage s vs torch's layer{s}, on that stage's input
+  rows = []
+  with torch.inference_mode():
+    xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
+    t_stem = torch.nn.Sequential(ref.conv1, ref.bn1, ref.relu, ref.maxpool)
+    inputs_t = [xt]
+    for m in (t_stem, ref.layer1, ref.layer2, ref.layer3):
+      inputs_t.append(m(inputs_t[-1]))
+  _, out = jax.jit(lambda p, im: model.apply({"params": p}, im))(params, x)
+  inputs_j = [x, out["stem"], out["stage1"], out["stage2"], out["stage3"]]
+  depths = resnet.ARCHS["resnet50"]["depths"]
+  for s, (tmod, label) in enumerate(zip((t_stem, ref.layer1, ref.layer2, ref.layer3, ref.layer4),
+                                        ("stem", "stage1", "stage2", "stage3", "stage4"))):
+    if s == 0:
+      sub = resnet.ResNet(None, depths=(0, 0, 0, 0))
+      sub_p = {k: params[k] for k in ("conv1", "bn1")}
+      jfn = jax.jit(lambda p, im, sub=sub: sub.apply({"params": p}, im)[1]["stem"])
+    else:
+      blocks = [resnet.Bottleneck(planes=64 * 2 ** (s - 1), stride=2 if s > 1 and b == 0 else 1,
+                                  shortcut="conv" if b == 0 else None)
+                for b in range(depths[s - 1])]
+      sub_p = [params[f"layer{s}_{b}"] for b in range(depths[s - 1])]
+
+      def stack(p, im, blocks=blocks):
+        for blk, bp in zip(blocks, p):
+          im = blk.apply({"params": bp}, im)
+        return im
+      jfn = jax.jit(stack)
+    xj, xt_s = jax.device_put(inputs_j[s]), inputs_t[s]
+
+    def run_jax(jfn=jfn, sub_p=sub_p, xj=xj):
+      return jax.block_until_ready(jfn(sub_p, xj))
+
+    def run_torch(tmod=tmod, xt_s=xt_s):
+      with torch.inference_mode():
+        return tmod(xt_s)
+    times = alternate({"fi_jax": run_jax, "ref": run_torch}, args.repeats)
+    rows.append(dict(name=f"  ResNet-50 {label}", fi_jax_s=times["fi_jax"], ref_s=times["ref"],
+                     batch=args.batch, max_abs_diff=float("nan")))
+  return rows
+
+
+BENCHMARKS: list[Callable] = [vit_b16, clip_b16, resnet50, convnext_t, swin_t, resnet50_stages]
 
 
 def main() -> None:
@@ -129,6 +253,7 @@ def main() -> None:
   args = parser.parse_args()
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(args.threads)
+  torchvision_shim.install()
   # XLA:CPU sizes its thread pool from the visible cores; pin both sides to the same count.
   os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:args.threads]))
   only = set(filter(None, args.only.split(",")))

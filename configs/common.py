@@ -108,3 +108,23 @@ def imagenet_benchmark(c: ml_collections.ConfigDict, arg) -> ml_collections.Conf
   c.detectors = posthoc_detectors(arg.odin)
   c.detector_preset = arg.preset
   return c
+
+
+def zoo_benchmark(source: str, arg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """configs/torchvision.py and configs/timm.py: the published checkpoint `name` (a model
+  name, optionally with its weights tag) of `source` through `fi_jax.models.zoo` - its model
+  family, Model kwargs, input size and eval preprocessing - on the ImageNet benchmark."""
+  from fi_jax.models import zoo  # pylint: disable=g-import-not-at-top  (imports every family)
+  info = zoo.resolve(f"{source}/{arg.name}")
+  c = base_config()
+  c.model_name = info["family"]
+  c.model_label = info["name"]
+  model = dict(info["model"])
+  if arg.dtype != "float32":
+    model["dtype"] = arg.dtype
+  c.model = ml_collections.ConfigDict(model)
+  c.model_init = arg.ckpt
+  c.init_shape = zoo.init_shape(info)
+  c.pp = info["pp"]
+  c.input_std = tuple(info["std"])
+  return imagenet_benchmark(c, arg)

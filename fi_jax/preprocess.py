@@ -7,12 +7,24 @@ copied from big_vision produces the same pixels; CLIP / DINOv2 use `normalize` w
 mean and std. The string each checkpoint family expects is `config.pp` of its config:
 written out in configs/vit.py; the other configs take it from the model module
 (`fi_jax.models.dinov2.PP`, the `CHECKPOINTS` table in fi_jax/models/clip.py,
-`fi_jax.models.two_towers.release_config`).
+`fi_jax.models.two_towers.release_config`; the torchvision / timm classifiers: the
+`PRETRAINED` tables of their model files, built with `torchvision_pp` / `timm_pp`).
+
+The torchvision / timm evaluation transforms decode and resize with PIL (Pillow's resize always
+antialiases and rounds to uint8 after each pass), which TF's float resize does not reproduce
+bit for bit. `decode_pil`, `resize_torchvision` and `resize_timm` therefore run Pillow inside
+tf.data (`tf.numpy_function`), and `central_crop_torchvision` uses torchvision's offsets, so
+the pixels equal the reference's `transforms` on the same files.
 """
 from __future__ import annotations
 
 import ast
+import io
+import math
 from typing import Callable, Sequence
+
+import numpy as np
+from PIL import Image
 
 # Channel statistics the PyTorch-born checkpoints were trained with (values in [0, 1]).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -156,6 +168,154 @@ def grayscale_to_rgb(key: str = "image") -> Op:
     img = data[key]
     return {**data, key: tf.image.grayscale_to_rgb(img) if img.shape[-1] == 1 else img}
   return op
+
+
+# ----------------------------------------------------------------------------- torchvision / timm
+
+# Pillow resampling filters by the names torchvision's InterpolationMode / timm use.
+_PIL_METHODS = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
+                "bicubic": Image.Resampling.BICUBIC, "lanczos": Image.Resampling.LANCZOS,
+                "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING}
+
+
+def _pil_method(method: str):
+  if method not in _PIL_METHODS:
+    raise ValueError(f"Unknown resize method {method!r}; known: {sorted(_PIL_METHODS)}.")
+  return _PIL_METHODS[method]
+
+
+def torchvision_resized_hw(h: int, w: int, size) -> tuple[int, int]:
+  """torchvision `Resize(size)`'s output size: an int sets the shorter side and the longer
+  becomes int(size * long / short) (truncated); an (h, w) pair is taken as is."""
+  if not isinstance(size, int):
+    return _hw(size)
+  short, long = (w, h) if w <= h else (h, w)
+  if short == size:
+    return h, w
+  new_short, new_long = size, int(size * long / short)
+  return (new_long, new_short) if w <= h else (new_short, new_long)
+
+
+def _pil_resize(arr: np.ndarray, size, method) -> np.ndarray:
+  """uint8 HWC (C = 1, 3 or 4) -> Pillow-resized uint8 HWC, torchvision's output size."""
+  h, w, c = arr.shape
+  oh, ow = torchvision_resized_hw(h, w, size)
+  if (oh, ow) == (h, w):
+    return arr
+  img = Image.fromarray(arr[..., 0] if c == 1 else arr)
+  out = np.asarray(img.resize((ow, oh), method))
+  return out.reshape(oh, ow, c)
+
+
+def _decode_pil_bytes(data, mode: str) -> np.ndarray:
+  if isinstance(data, np.ndarray):   # tf.numpy_function passes a tf.string as a 0-d object array
+    data = data.item()
+  with Image.open(io.BytesIO(data)) as img:
+    arr = np.asarray(img.convert(mode))
+  return arr[..., None] if arr.ndim == 2 else arr
+
+
+@register
+def decode_pil(channels: int = 3, key: str = "image") -> Op:
+  """Decodes image bytes with Pillow, `Image.open(f).convert("RGB")` ("L" for channels=1):
+  the decoder (and CMYK / palette / grey conversion) torchvision's and timm's loaders use."""
+  tf = _tf()
+  modes = {1: "L", 3: "RGB", 4: "RGBA"}
+  if channels not in modes:
+    raise ValueError(f"decode_pil: channels must be 1, 3 or 4, got {channels}.")
+
+  def op(data):
+    img = tf.numpy_function(lambda b: _decode_pil_bytes(b, modes[channels]),
+                            [data[key]], tf.uint8, stateful=False)
+    img.set_shape([None, None, channels])
+    return {**data, key: img}
+  return op
+
+
+def _resize_pil_op(size, method: str, key: str) -> Op:
+  tf = _tf()
+  resample = _pil_method(method)
+
+  def op(data):
+    img = data[key]
+    if img.dtype != tf.uint8:
+      raise ValueError(f"PIL resizes need uint8 images (decode / decode_pil first), got "
+                       f"{img.dtype.name}.")
+    channels = img.shape[-1]
+    out = tf.numpy_function(lambda a: _pil_resize(a, size, resample), [img], tf.uint8,
+                            stateful=False)
+    out.set_shape([None, None, channels] if isinstance(size, int) else [*_hw(size), channels])
+    return {**data, key: out}
+  return op
+
+
+@register
+def resize_torchvision(size, method: str = "bilinear", key: str = "image") -> Op:
+  """torchvision `Resize(size, interpolation)` on a PIL image: an int resizes the shorter side
+  to `size` and the longer to int(size * long / short); (h, w) resizes to exactly that.
+  Resampling is Pillow's (BILINEAR / BICUBIC always antialias when shrinking)."""
+  return _resize_pil_op(size if isinstance(size, int) else _hw(size), method, key)
+
+
+def timm_scale_size(img_size: int, crop_pct: float) -> int:
+  """timm's resize target before the centre crop: floor(img_size / crop_pct)."""
+  return math.floor(img_size / crop_pct)
+
+
+@register
+def resize_timm(img_size: int, crop_pct: float = 0.875, method: str = "bilinear",
+                crop_mode: str = "center", key: str = "image") -> Op:
+  """timm's eval resize (`transforms_imagenet_eval`): scale = floor(img_size / crop_pct);
+  crop_mode "center" resizes the shorter side to it (torchvision `Resize(scale)`), "squash"
+  resizes both sides to it. Follow with `central_crop_torchvision(img_size)`."""
+  if not isinstance(img_size, int):
+    raise ValueError(f"resize_timm takes a square img_size (int), got {img_size!r}.")
+  scale = timm_scale_size(img_size, crop_pct)
+  if crop_mode == "center":
+    return resize_torchvision(scale, method, key=key)
+  if crop_mode == "squash":
+    return resize_torchvision((scale, scale), method, key=key)
+  raise ValueError(f"resize_timm: crop_mode must be 'center' or 'squash', got {crop_mode!r}.")
+
+
+@register
+def central_crop_torchvision(size, key: str = "image") -> Op:
+  """torchvision `CenterCrop(size)`: offsets int(round((h - crop) / 2)) (round half to even),
+  and an image smaller than the crop is first zero-padded ((crop - h) // 2 before)."""
+  tf = _tf()
+  ch, cw = _hw(size)
+
+  def op(data):
+    img = data[key]
+    h, w = tf.shape(img)[0], tf.shape(img)[1]
+    ph, pw = tf.maximum(ch - h, 0), tf.maximum(cw - w, 0)
+    img = tf.pad(img, [[ph // 2, (ph + 1) // 2], [pw // 2, (pw + 1) // 2], [0, 0]])
+    h, w = h + ph, w + pw
+    half = lambda d: tf.cast(tf.round(tf.cast(d, tf.float64) / 2.0), tf.int32)  # half to even
+    img = tf.image.crop_to_bounding_box(img, half(h - ch), half(w - cw), ch, cw)
+    return {**data, key: img}
+  return op
+
+
+def _fmt(v: Sequence[float]) -> str:
+  return "(" + ", ".join(repr(float(x)) for x in v) + ")"
+
+
+def torchvision_pp(resize, crop, method: str = "bilinear", mean: Sequence[float] = IMAGENET_MEAN,
+                   std: Sequence[float] = IMAGENET_STD) -> str:
+  """The pp string of a torchvision weights enum's `transforms()` (ImageClassification:
+  Resize(resize, interpolation) -> CenterCrop(crop) -> ToTensor -> Normalize(mean, std))."""
+  return (f"decode_pil|resize_torchvision({resize!r}, '{method}')|"
+          f"central_crop_torchvision({crop!r})|normalize({_fmt(mean)}, {_fmt(std)})")
+
+
+def timm_pp(img_size: int, crop_pct: float, method: str = "bicubic",
+            mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+            crop_mode: str = "center") -> str:
+  """The pp string of timm's eval transform for a pretrained_cfg (`resolve_data_config` +
+  `create_transform`): resize from crop_pct, centre crop to img_size, mean / std."""
+  return (f"decode_pil|resize_timm({img_size}, {crop_pct!r}, '{method}', '{crop_mode}')|"
+          f"central_crop_torchvision({img_size})|normalize({_fmt(mean)}, {_fmt(std)})")
 
 
 def _parse_op(text: str) -> Op:

@@ -169,6 +169,6 @@ def test_pretrained_table():
   for name, cfg in convnext.PRETRAINED.items():
     assert cfg["variant"] in convnext.ARCHS and cfg["source"] in ("torchvision", "timm"), name
     assert cfg["url"].startswith("https://") and "central_crop" in cfg["pp"], name
-  assert "resize_small(236, method='bilinear'" in convnext.PRETRAINED[
+  assert "resize_torchvision(236, 'bilinear')" in convnext.PRETRAINED[
       "torchvision/convnext_tiny.IMAGENET1K_V1"]["pp"]
   assert convnext.PRETRAINED["timm/convnext_base.fb_in22k_ft_in1k"]["num_classes"] == 1000

@@ -9,7 +9,6 @@ even size exercises the tf_ ports' asymmetric TensorFlow "SAME" padding (stride-
 built on the meta device to check the published key / shape set and each block's stride,
 residual and the BatchNorm eps against `ARCHS`.
 """
-import math
 
 import numpy as np
 import pytest
@@ -267,16 +266,14 @@ def test_pretrained_table_matches_libraries():
       w = enum[weights]
       t = w.transforms()
       assert cfg["url"] == w.url and cfg["input_size"] == t.crop_size[0], name
-      assert (f"resize_small({t.resize_size[0]}, method='{t.interpolation.value}'" in cfg["pp"]
-              and f"central_crop({t.crop_size[0]})" in cfg["pp"]
+      assert (f"resize_torchvision({t.resize_size[0]}, '{t.interpolation.value}')" in cfg["pp"]
+              and f"central_crop_torchvision({t.crop_size[0]})" in cfg["pp"]
               and f"normalize({tuple(t.mean)}, {tuple(t.std)})" in cfg["pp"]), name
     else:
       pc = timm.models.get_pretrained_cfg(tag)
       size = pc.input_size[-1]
-      scale = math.floor(size / pc.crop_pct)
-      op = "resize" if pc.crop_mode == "squash" else "resize_small"
       assert cfg["input_size"] == size, name
-      assert (f"{op}({scale}, method='{pc.interpolation}'" in cfg["pp"]
-              and f"central_crop({size})" in cfg["pp"]
+      assert (f"resize_timm({size}, {pc.crop_pct!r}, '{pc.interpolation}', '{pc.crop_mode}')"
+              in cfg["pp"] and f"central_crop_torchvision({size})" in cfg["pp"]
               and f"normalize({tuple(pc.mean)}, {tuple(pc.std)})" in cfg["pp"]), name
       assert cfg["url"] == f"https://huggingface.co/{pc.hf_hub_id}/resolve/main/model.safetensors"

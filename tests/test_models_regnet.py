@@ -170,5 +170,5 @@ def test_regnet_pretrained_table():
     assert cfg["variant"] in regnet.ARCHS and cfg["source"] == "torchvision", tag
   swag = regnet.PRETRAINED["torchvision/regnet_y_16gf.IMAGENET1K_SWAG_E2E_V1"]
   assert swag["input_size"] == 384
-  assert swag["pp"] == ("decode|resize_small(384, method='bicubic', antialias=True)|"
-                        "central_crop(384)|vgg_value_range")
+  assert swag["pp"] == ("decode_pil|resize_torchvision(384, 'bicubic')|"
+                        "central_crop_torchvision(384)|normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))")

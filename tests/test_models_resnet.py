@@ -233,10 +233,10 @@ def test_resnet_full_size_keys(source, name):
 def test_resnet_pretrained_table():
   for tag, cfg in resnet.PRETRAINED.items():
     assert cfg["variant"] in resnet.ARCHS, tag
-    assert tag.startswith(cfg["source"] + "/") and cfg["pp"].startswith("decode|")
+    assert tag.startswith(cfg["source"] + "/") and cfg["pp"].startswith("decode_pil|")
   assert resnet.PRETRAINED["torchvision/resnet50.IMAGENET1K_V2"]["pp"] == (
-      "decode|resize_small(232, method='bilinear', antialias=True)|central_crop(224)|"
-      "vgg_value_range")
+      "decode_pil|resize_torchvision(232, 'bilinear')|central_crop_torchvision(224)|"
+      "normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))")
 
 
 # ----------------------------------------------------------------------------- BiT ResNetV2
@@ -309,5 +309,5 @@ def test_bit_pretrained_table():
     assert cfg["variant"] in resnetv2.ARCHS and cfg["source"] == "timm", tag
   cfg = resnetv2.PRETRAINED["timm/resnetv2_50x1_bit.goog_in21k_ft_in1k"]
   assert cfg["input_size"] == 448 and cfg["pp"] == (
-      "decode|resize_small(448, method='bilinear', antialias=True)|central_crop(448)|"
-      "value_range(-1, 1)")
+      "decode_pil|resize_timm(448, 1.0, 'bilinear', 'center')|central_crop_torchvision(448)|"
+      "normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))")

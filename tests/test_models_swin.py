@@ -213,5 +213,5 @@ def test_pretrained_table():
     assert cfg["variant"] in swin.ARCHS and cfg["source"] in ("torchvision", "timm"), name
     assert cfg["url"].startswith("https://") and "central_crop" in cfg["pp"], name
   assert swin.PRETRAINED["torchvision/swin_t.IMAGENET1K_V1"]["pp"].startswith(
-      "decode|resize_small(232, method='bicubic'")
+      "decode_pil|resize_torchvision(232, 'bicubic')")
   assert swin.PRETRAINED["timm/swinv2_tiny_window8_256.ms_in1k"]["input_size"] == 256

@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fi_jax import preprocess
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import convnext as convert
 
@@ -30,23 +31,16 @@ ARCHS: dict[str, dict] = {
     "convnext_large": dict(depths=(3, 3, 27, 3), dims=(192, 384, 768, 1536)),
 }
 
-_MEAN_STD = "vgg_value_range"   # ImageNet mean / std on [0, 1] pixels
-
-
 def _tv_pp(resize: int) -> str:
-  # torchvision ImageClassification: Resize(resize, bilinear, antialias) + CenterCrop(224).
-  return (f"decode|resize_small({resize}, method='bilinear', antialias=True)|central_crop(224)|"
-          f"{_MEAN_STD}")
+  # torchvision ImageClassification: Resize(resize, bilinear) + CenterCrop(224), ImageNet stats.
+  return preprocess.torchvision_pp(resize, 224, "bilinear")
 
 
 def _timm_pp(size: int, crop_pct: float) -> str:
-  # timm eval transform: bicubic (PIL, antialiased) resize of the short side to
-  # floor(size / crop_pct), centre crop; crop_pct 1.0 'squash' resizes both sides to `size`.
-  if crop_pct == 1.0:
-    return (f"decode|resize({size}, method='bicubic', antialias=True)|central_crop({size})|"
-            f"{_MEAN_STD}")
-  return (f"decode|resize_small({int(size / crop_pct)}, method='bicubic', antialias=True)|"
-          f"central_crop({size})|{_MEAN_STD}")
+  # timm eval transform: bicubic resize of the short side to floor(size / crop_pct), centre
+  # crop; the 384 px fine-tunes (crop_pct 1.0) 'squash' both sides to `size`.
+  return preprocess.timm_pp(size, crop_pct, "bicubic",
+                            crop_mode="squash" if crop_pct == 1.0 else "center")
 
 
 def _pretrained() -> dict[str, dict]:

@@ -28,6 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fi_jax import preprocess
 from fi_jax.models import checkpoints
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import efficientnet as convert
@@ -200,17 +201,10 @@ _IN_MEAN, _IN_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 _HALF = (0.5, 0.5, 0.5)
 
 
-def _pp(resize: int, crop: int, method: str, mean=_IN_MEAN, std=_IN_STD, squash=False) -> str:
-  """Eval transform: (shorter side | both sides) -> `resize`, centre crop, mean/std."""
-  op = "resize" if squash else "resize_small"
-  return (f"decode|{op}({resize}, method='{method}', antialias=True)|central_crop({crop})|"
-          f"normalize({mean}, {std})")
-
-
 def _tv(variant: str, file: str, crop: int, resize: int, method: str, mean=_IN_MEAN,
         std=_IN_STD) -> dict:
   return dict(variant=variant, source="torchvision", num_classes=1000, input_size=crop,
-              pp=_pp(resize, crop, method, mean, std),
+              pp=preprocess.torchvision_pp(resize, crop, method, mean, std),
               url=f"https://download.pytorch.org/models/{file}")
 
 
@@ -219,7 +213,8 @@ def _timm(variant: str, tag: str, size: int, crop_pct: float, mean=_IN_MEAN, std
   name = f"{variant}.{tag}"
   return f"timm/{name}", dict(
       variant=f"timm/{variant}", source="timm", num_classes=1000, input_size=size,
-      pp=_pp(int(math.floor(size / crop_pct)), size, "bicubic", mean, std, squash),
+      pp=preprocess.timm_pp(size, crop_pct, "bicubic", mean, std,
+                            "squash" if squash else "center"),
       url=f"https://huggingface.co/timm/{name}/resolve/main/model.safetensors")
 
 
@@ -252,6 +247,7 @@ PRETRAINED: dict[str, dict] = {
         "efficientnet_v2_l", "efficientnet_v2_l-59c71312.pth", 480, 480, "bicubic", _HALF, _HALF),
     **dict([
         _timm("efficientnet_b0", "ra_in1k", 224, 0.875),
+        _timm("efficientnet_b1", "ra4_e3600_r240_in1k", 240, 0.9, _HALF, _HALF),
         _timm("efficientnet_b1", "ft_in1k", 224, 0.875),
         _timm("efficientnet_b2", "ra_in1k", 256, 0.875),
         _timm("efficientnet_b3", "ra2_in1k", 288, 0.875),

@@ -16,13 +16,13 @@ same key names (conv1 / bn1 / layer{1-4} / fc), see fi_jax.models.convert.resnet
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fi_jax import preprocess
 from fi_jax.models import checkpoints
 from fi_jax.models.convert import readers
 from fi_jax.models import layers
@@ -60,8 +60,9 @@ ARCHS: dict[str, dict] = {
     "resnext50d_32x4d": dict(depths=(3, 4, 6, 3), groups=32, width_per_group=4, **_D),
 }
 
-_PP = "decode|resize_small({resize}, method='{interp}', antialias=True)|central_crop({crop})|{norm}"
-_NORMS = {"imagenet": "vgg_value_range", "inception": "value_range(-1, 1)"}
+# mean / std of the eval transform: ImageNet's or Inception's (0.5: values in [-1, 1]).
+_NORMS = {"imagenet": (preprocess.IMAGENET_MEAN, preprocess.IMAGENET_STD),
+          "inception": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))}
 
 
 def tv_pretrained(tag: str, file: str, resize: int = 256, crop: int = 224,
@@ -69,7 +70,7 @@ def tv_pretrained(tag: str, file: str, resize: int = 256, crop: int = 224,
   """A torchvision weights enum entry: Resize(resize) -> CenterCrop(crop), ImageNet mean/std."""
   return {f"torchvision/{tag}": dict(
       variant=tag.split(".")[0], source="torchvision", num_classes=1000, input_size=crop,
-      pp=_PP.format(resize=resize, interp=interp, crop=crop, norm=_NORMS["imagenet"]),
+      pp=preprocess.torchvision_pp(resize, crop, interp, *_NORMS["imagenet"]),
       url=f"https://download.pytorch.org/models/{file}")}
 
 
@@ -78,8 +79,7 @@ def timm_pretrained(tag: str, size: int, crop_pct: float, interp: str, num_class
   """A timm pretrained_cfg: Resize(floor(size / crop_pct)) -> CenterCrop(size)."""
   return {f"timm/{tag}": dict(
       variant=tag.split(".")[0], source="timm", num_classes=num_classes, input_size=size,
-      pp=_PP.format(resize=math.floor(size / crop_pct), interp=interp, crop=size,
-                    norm=_NORMS[norm]),
+      pp=preprocess.timm_pp(size, crop_pct, interp, *_NORMS[norm]),
       url=f"https://huggingface.co/timm/{tag}/resolve/main/model.safetensors")}
 
 
@@ -170,6 +170,7 @@ PRETRAINED: dict[str, dict] = {
     **_timm("resnext50_32x4d.gluon_in1k", 224, 0.875, "bicubic"),
     **_timm("resnext50_32x4d.ra_in1k", 224, 0.875, "bicubic"),
     **_timm("resnext50d_32x4d.bt_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnext101_32x8d.tv_in1k", 224, 0.875, "bilinear"),
     **_timm("resnext101_32x8d.fb_ssl_yfcc100m_ft_in1k", 224, 0.875, "bilinear"),
     **_timm("resnext101_32x8d.fb_swsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
     **_timm("resnext101_32x8d.fb_wsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),

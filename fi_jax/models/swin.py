@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fi_jax import preprocess
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import swin as convert
 
@@ -85,8 +86,7 @@ def _pretrained() -> dict[str, dict]:
     table[f"torchvision/{name}.IMAGENET1K_V1"] = dict(
         variant=name, source="torchvision", num_classes=1000, input_size=crop,
         # torchvision ImageClassification: Resize(resize, bicubic, antialias) + CenterCrop.
-        pp=(f"decode|resize_small({resize}, method='bicubic', antialias=True)|"
-            f"central_crop({crop})|vgg_value_range"),
+        pp=preprocess.torchvision_pp(resize, crop, "bicubic"),
         url=f"https://download.pytorch.org/models/{name}-{sha}.pth")
   timm_tags = {
       "swin_tiny_patch4_window7_224": ("ms_in1k", "ms_in22k_ft_in1k", "ms_in22k"),
@@ -109,13 +109,12 @@ def _pretrained() -> dict[str, dict]:
     size = ARCHS[name]["img_size"]
     # timm pretrained_cfg: crop_pct 0.9 (1.0 at 384), bicubic, ImageNet mean/std; the short
     # side is resized to floor(size / crop_pct) before the centre crop.
-    resize = int(size / (1.0 if size == 384 else 0.9))
+    crop_pct = 1.0 if size == 384 else 0.9
     for tag in tags:
       table[f"timm/{name}.{tag}"] = dict(
           variant=name, source="timm", num_classes=21841 if tag == "ms_in22k" else 1000,
           input_size=size,
-          pp=(f"decode|resize_small({resize}, method='bicubic', antialias=True)|"
-              f"central_crop({size})|vgg_value_range"),
+          pp=preprocess.timm_pp(size, crop_pct, "bicubic"),
           url=f"https://huggingface.co/timm/{name}.{tag}/resolve/main/model.safetensors")
   return table
 
