@@ -228,8 +228,7 @@ def test_torchvision_resize_and_crop_rules(jpegs):
 def test_every_default_is_in_the_tables():
   missing = [f"{s}/{m}.{t}" for s, d in zoo._DEFAULTS.items() for m, t in d.items()
              if f"{s}/{m}.{t}" not in TABLE]
-  # torchvision's ViTs come with vit.PRETRAINED (added beside this module)
-  assert all(n.startswith("torchvision/vit_") for n in missing), missing
+  assert not missing
 
 
 def test_docs_list_every_name():

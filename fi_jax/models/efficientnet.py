@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from fi_jax import preprocess
-from fi_jax.models import checkpoints
+from fi_jax.models import checkpoints, layers
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import efficientnet as convert
 
@@ -271,21 +271,6 @@ PRETRAINED: dict[str, dict] = {
 
 # ----------------------------------------------------------------------------- modules
 
-class BatchNorm(nn.Module):
-  """Inference BatchNorm with the running statistics as params (scale, bias, mean, var)."""
-  eps: float = 1e-5
-
-  @nn.compact
-  def __call__(self, x):
-    c = x.shape[-1]
-    scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
-    bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
-    mean = self.param("mean", nn.initializers.zeros, (c,), jnp.float32)
-    var = self.param("var", nn.initializers.ones, (c,), jnp.float32)
-    mul = scale * jax.lax.rsqrt(var + self.eps)
-    return (x * mul.astype(x.dtype) + (bias - mean * mul).astype(x.dtype)).astype(x.dtype)
-
-
 def conv_bn(x, features: int, kernel: int = 1, stride: int = 1, groups: int = 1,
             act: bool = True, *, conv_name: str, bn_name: str, bn_eps: float = 1e-5,
             same_pad: bool = False, dtype: Any = jnp.float32,
@@ -300,7 +285,7 @@ def conv_bn(x, features: int, kernel: int = 1, stride: int = 1, groups: int = 1,
   x = nn.Conv(features, (kernel, kernel), (stride, stride), pad,
               feature_group_count=x.shape[-1] if groups == -1 else groups, use_bias=False,
               dtype=dtype, param_dtype=jnp.float32, precision=precision, name=conv_name)(x)
-  x = BatchNorm(bn_eps, name=bn_name)(x)
+  x = layers.BatchNorm(bn_eps, name=bn_name)(x)
   return nn.silu(x) if act else x
 
 

@@ -25,7 +25,7 @@ from fi_jax.models.convert import readers
 from fi_jax.models import layers
 from fi_jax.models.convert import regnet as convert_regnet
 from fi_jax.models.convert import resnet as convert_resnet
-from fi_jax.models.resnet import tv_pretrained as _tv
+from fi_jax.models.pretrained import torchvision as _tv
 
 # variant -> RegNet fields: torchvision's BlockParams.from_init_params(depth, w_0, w_a, w_m,
 # group_width, se_ratio), expanded per stage (all strides 2, bottleneck multiplier 1).

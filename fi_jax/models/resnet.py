@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from fi_jax import preprocess
 from fi_jax.models import checkpoints
 from fi_jax.models.convert import readers
-from fi_jax.models import layers
+from fi_jax.models import layers, pretrained
 from fi_jax.models.convert import resnet as convert_resnet
 
 _BOTTLENECK, _BASIC = "bottleneck", "basic"
@@ -60,32 +60,9 @@ ARCHS: dict[str, dict] = {
     "resnext50d_32x4d": dict(depths=(3, 4, 6, 3), groups=32, width_per_group=4, **_D),
 }
 
-# mean / std of the eval transform: ImageNet's or Inception's (0.5: values in [-1, 1]).
-_NORMS = {"imagenet": (preprocess.IMAGENET_MEAN, preprocess.IMAGENET_STD),
-          "inception": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))}
-
-
-def tv_pretrained(tag: str, file: str, resize: int = 256, crop: int = 224,
-                  interp: str = "bilinear") -> dict:
-  """A torchvision weights enum entry: Resize(resize) -> CenterCrop(crop), ImageNet mean/std."""
-  return {f"torchvision/{tag}": dict(
-      variant=tag.split(".")[0], source="torchvision", num_classes=1000, input_size=crop,
-      pp=preprocess.torchvision_pp(resize, crop, interp, *_NORMS["imagenet"]),
-      url=f"https://download.pytorch.org/models/{file}")}
-
-
-def timm_pretrained(tag: str, size: int, crop_pct: float, interp: str, num_classes: int = 1000,
-                    norm: str = "imagenet") -> dict:
-  """A timm pretrained_cfg: Resize(floor(size / crop_pct)) -> CenterCrop(size)."""
-  return {f"timm/{tag}": dict(
-      variant=tag.split(".")[0], source="timm", num_classes=num_classes, input_size=size,
-      pp=preprocess.timm_pp(size, crop_pct, interp, *_NORMS[norm]),
-      url=f"https://huggingface.co/timm/{tag}/resolve/main/model.safetensors")}
-
-
 # Published weights -> variant, eval transform (as a pp string), file. torchvision's are
 # also on the HF hub as timm/<arch>.tv_in1k / .tv2_in1k (the same tensors).
-_tv, _timm = tv_pretrained, timm_pretrained
+_tv, _timm = pretrained.torchvision, pretrained.timm
 PRETRAINED: dict[str, dict] = {
     **_tv("resnet18.IMAGENET1K_V1", "resnet18-f37072fd.pth"),
     **_tv("resnet34.IMAGENET1K_V1", "resnet34-b627a593.pth"),

@@ -27,7 +27,7 @@ from fi_jax.models.convert import readers
 from fi_jax.models import layers
 from fi_jax.models.convert import resnet as convert_resnet
 from fi_jax.models.convert import resnetv2 as convert_resnetv2
-from fi_jax.models.resnet import timm_pretrained as _timm
+from fi_jax.models.pretrained import timm as _timm
 
 ARCHS: dict[str, dict] = {
     "resnetv2_50x1_bit": dict(depths=(3, 4, 6, 3), width_factor=1),

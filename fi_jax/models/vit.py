@@ -17,7 +17,6 @@ families (CLIP, DINOv2) reuse them instead of re-implementing a transformer.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -26,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.models import checkpoints as ckpt
-from fi_jax.models import posemb, releases
+from fi_jax.models import posemb, pretrained, releases
 from fi_jax.models.convert import hf_siglip, naflex, readers, timm_vit, torchvision_vit
 from fi_jax.models.convert import torch_layers as tl
 
@@ -405,38 +404,10 @@ ARCHS: dict[str, dict] = {name: {**decode_variant(v), **kw} for name, (v, kw) in
     "vit_base_patch14_reg4_dinov2": ("B/14", _REG4),
 }.items()}
 
-_PP = "decode|{resize}|central_crop({crop})|{norm}"
-_NORMS = {"imagenet": "vgg_value_range", "inception": "value_range(-1, 1)",
-          "clip": "clip_value_range"}
-
-
-def tv_pretrained(tag: str, file: str, resize: int, crop: int, interp: str) -> dict:
-  """A torchvision weights enum entry: Resize(resize, interp, antialias) -> CenterCrop(crop),
-  ImageNet mean / std (`weights.transforms()`); the model is built at `crop` px."""
-  return {f"torchvision/{tag}": dict(
-      variant=tag.split(".")[0], source="torchvision", num_classes=1000, input_size=crop,
-      pp=_PP.format(resize=f"resize_small({resize}, method='{interp}', antialias=True)",
-                    crop=crop, norm=_NORMS["imagenet"]),
-      url=f"https://download.pytorch.org/models/{file}")}
-
-
-def timm_pretrained(tag: str, size: int, crop_pct: float, norm: str, num_classes: int = 1000,
-                    crop_mode: str = "center") -> dict:
-  """A timm pretrained_cfg (bicubic): Resize(floor(size / crop_pct)) of the short side (both
-  sides for crop_mode 'squash') -> CenterCrop(size)."""
-  scale = math.floor(size / crop_pct)
-  op = "resize" if crop_mode == "squash" else "resize_small"
-  return {f"timm/{tag}": dict(
-      variant=tag.split(".")[0], source="timm", num_classes=num_classes, input_size=size,
-      pp=_PP.format(resize=f"{op}({scale}, method='bicubic', antialias=True)", crop=size,
-                    norm=_NORMS[norm]),
-      url=f"https://huggingface.co/timm/{tag}/resolve/main/model.safetensors")}
-
-
-_tv, _timm = tv_pretrained, timm_pretrained
 # Published weights -> variant, eval transform (pp string), file; read off torchvision's
 # weights enums (transforms(), url) and timm's pretrained_cfg. torchvision's DEFAULT is
 # IMAGENET1K_V1, except vit_h_14 (IMAGENET1K_SWAG_E2E_V1).
+_tv, _timm = pretrained.torchvision, pretrained.timm
 PRETRAINED: dict[str, dict] = {
     **_tv("vit_b_16.IMAGENET1K_V1", "vit_b_16-c867db91.pth", 256, 224, "bilinear"),
     **_tv("vit_b_16.IMAGENET1K_SWAG_E2E_V1", "vit_b_16_swag-9ac1b537.pth", 384, 384, "bicubic"),
@@ -451,30 +422,35 @@ PRETRAINED: dict[str, dict] = {
     **_tv("vit_h_14.IMAGENET1K_SWAG_E2E_V1", "vit_h_14_swag-80465313.pth", 518, 518, "bicubic"),
     **_tv("vit_h_14.IMAGENET1K_SWAG_LINEAR_V1", "vit_h_14_lc_swag-c1eb923e.pth", 224, 224,
           "bicubic"),
-    **_timm("vit_base_patch16_224.augreg2_in21k_ft_in1k", 224, 0.9, "inception"),
-    **_timm("vit_base_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, "inception"),
-    **_timm("vit_small_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, "inception"),
-    **_timm("vit_large_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, "inception"),
-    **_timm("vit_base_patch16_384.augreg_in21k_ft_in1k", 384, 1.0, "inception"),
-    **_timm("deit_tiny_patch16_224.fb_in1k", 224, 0.9, "imagenet"),
-    **_timm("deit_small_patch16_224.fb_in1k", 224, 0.9, "imagenet"),
-    **_timm("deit_base_patch16_224.fb_in1k", 224, 0.9, "imagenet"),
-    **_timm("deit_base_patch16_384.fb_in1k", 384, 1.0, "imagenet"),
-    **_timm("deit3_small_patch16_224.fb_in22k_ft_in1k", 224, 1.0, "imagenet"),
-    **_timm("deit3_base_patch16_224.fb_in22k_ft_in1k", 224, 1.0, "imagenet"),
-    **_timm("deit3_base_patch16_224.fb_in1k", 224, 0.9, "imagenet"),
-    **_timm("deit3_large_patch16_224.fb_in22k_ft_in1k", 224, 1.0, "imagenet"),
-    **_timm("deit3_base_patch16_384.fb_in22k_ft_in1k", 384, 1.0, "imagenet"),
-    **_timm("vit_base_patch16_clip_224.openai_ft_in12k_in1k", 224, 0.95, "clip"),
-    **_timm("vit_base_patch16_clip_224.openai_ft_in1k", 224, 0.9, "clip"),
-    **_timm("vit_base_patch16_clip_224.laion2b_ft_in12k_in1k", 224, 0.95, "clip"),
-    **_timm("vit_base_patch16_clip_224.laion2b_ft_in1k", 224, 1.0, "clip"),
-    **_timm("vit_base_patch32_clip_224.openai_ft_in1k", 224, 0.9, "clip"),
-    **_timm("vit_large_patch14_clip_224.openai_ft_in12k_in1k", 224, 1.0, "clip"),
-    **_timm("vit_base_patch16_clip_384.laion2b_ft_in12k_in1k", 384, 1.0, "clip",
+    **_timm("vit_base_patch16_224.augreg2_in21k_ft_in1k", 224, 0.9, norm="inception"),
+    **_timm("vit_base_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, norm="inception"),
+    **_timm("vit_small_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, norm="inception"),
+    **_timm("vit_large_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, norm="inception"),
+    **_timm("vit_base_patch16_384.augreg_in21k_ft_in1k", 384, 1.0, norm="inception"),
+    **_timm("deit_tiny_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
+    **_timm("deit_small_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
+    **_timm("deit_base_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
+    **_timm("deit_base_patch16_384.fb_in1k", 384, 1.0, norm="imagenet"),
+    **_timm("deit3_small_patch16_224.fb_in22k_ft_in1k", 224, 1.0, norm="imagenet"),
+    **_timm("deit3_base_patch16_224.fb_in22k_ft_in1k", 224, 1.0, norm="imagenet"),
+    **_timm("deit3_base_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
+    **_timm("deit3_large_patch16_224.fb_in22k_ft_in1k", 224, 1.0, norm="imagenet"),
+    **_timm("deit3_base_patch16_384.fb_in22k_ft_in1k", 384, 1.0, norm="imagenet"),
+    **_timm("vit_base_patch16_clip_224.openai_ft_in12k_in1k", 224, 0.95, norm="clip"),
+    **_timm("vit_base_patch16_clip_224.openai_ft_in1k", 224, 0.9, norm="clip"),
+    **_timm("vit_base_patch16_clip_224.laion2b_ft_in12k_in1k", 224, 0.95, norm="clip"),
+    **_timm("vit_base_patch16_clip_224.laion2b_ft_in1k", 224, 1.0, norm="clip"),
+    **_timm("vit_base_patch32_clip_224.openai_ft_in1k", 224, 0.9, norm="clip"),
+    **_timm("vit_large_patch14_clip_224.openai_ft_in12k_in1k", 224, 1.0, norm="clip"),
+    **_timm("vit_base_patch16_clip_384.laion2b_ft_in12k_in1k", 384, 1.0, norm="clip",
             crop_mode="squash"),
-    **_timm("vit_small_patch14_reg4_dinov2.lvd142m", 518, 1.0, "imagenet", num_classes=0),
-    **_timm("vit_base_patch14_reg4_dinov2.lvd142m", 518, 1.0, "imagenet", num_classes=0),
+    **_timm("deit3_base_patch16_384.fb_in1k", 384, 1.0, norm="imagenet"),
+    **_timm("deit3_large_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
+    **_timm("deit3_small_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
+    **_timm("vit_base_patch32_clip_224.laion2b_ft_in12k_in1k", 224, 0.9, norm="clip"),
+    **_timm("vit_large_patch14_clip_224.laion2b_ft_in12k_in1k", 224, 1.0, norm="inception"),
+    **_timm("vit_small_patch14_reg4_dinov2.lvd142m", 518, 1.0, norm="imagenet", num_classes=0),
+    **_timm("vit_base_patch14_reg4_dinov2.lvd142m", 518, 1.0, norm="imagenet", num_classes=0),
 }
 
 

@@ -58,6 +58,15 @@ TORCHVISION_DEFAULTS: dict[str, str] = {
 
 # timm: model -> its default pretrained tag (`timm.models.get_pretrained_cfg(model).tag`).
 TIMM_DEFAULTS: dict[str, str] = {
+    "deit3_base_patch16_224": "fb_in1k", "deit3_base_patch16_384": "fb_in1k",
+    "deit3_large_patch16_224": "fb_in1k", "deit3_small_patch16_224": "fb_in1k",
+    "deit_base_patch16_224": "fb_in1k", "deit_base_patch16_384": "fb_in1k",
+    "deit_small_patch16_224": "fb_in1k", "deit_tiny_patch16_224": "fb_in1k",
+    "vit_base_patch14_reg4_dinov2": "lvd142m", "vit_base_patch16_224": "augreg2_in21k_ft_in1k",
+    "vit_base_patch16_384": "augreg_in21k_ft_in1k", "vit_base_patch16_clip_224": "laion2b_ft_in12k_in1k",
+    "vit_base_patch16_clip_384": "laion2b_ft_in12k_in1k", "vit_base_patch32_clip_224": "laion2b_ft_in12k_in1k",
+    "vit_large_patch14_clip_224": "laion2b_ft_in12k_in1k", "vit_large_patch16_224": "augreg_in21k_ft_in1k",
+    "vit_small_patch14_reg4_dinov2": "lvd142m", "vit_small_patch16_224": "augreg_in21k_ft_in1k",
     "convnext_tiny": "in12k_ft_in1k", "convnext_small": "in12k_ft_in1k",
     "convnext_base": "fb_in22k_ft_in1k", "convnext_large": "fb_in22k_ft_in1k",
     "efficientnet_b0": "ra_in1k", "efficientnet_b1": "ra4_e3600_r240_in1k",
