@@ -220,20 +220,24 @@ def _min_max(y) -> jax.Array:
 def all_finite(x) -> bool:
   """True if every entry of x is finite: one reduction (one device->host sync for a jax array),
   memoised per array inside `detectors.shared()`."""
-  if isinstance(x, np.ndarray):
+  if not isinstance(x, jax.Array):
+    x = np.asarray(x)
     return bool(np.isfinite(x).all()) if x.dtype.kind in "fc" else True
   return bool(shared.memo((x,), ("all_finite",), lambda: bool(_all_finite(x))))
 
 
 def _row_mask(x) -> np.ndarray:
   """[N] bool: rows of x with only finite entries."""
-  if isinstance(x, np.ndarray):
-    return np.isfinite(x).reshape(len(x), -1).all(1)
+  if not isinstance(x, jax.Array):
+    x = np.asarray(x)
+    return np.isfinite(x).reshape(len(x), -1).all(1) if x.dtype.kind in "fc" else np.ones(
+        len(x), bool)
   return np.asarray(_row_finite(x))
 
 
 def _label_range(y) -> tuple[int, int]:
-  if isinstance(y, np.ndarray):
+  if not isinstance(y, jax.Array):
+    y = np.asarray(y)
     return int(y.min()), int(y.max())
   lo, hi = np.asarray(shared.memo((y,), ("label_range",), lambda: _min_max(y)))
   return int(lo), int(hi)
@@ -242,7 +246,7 @@ def _label_range(y) -> tuple[int, int]:
 def _take_rows(x, keep: np.ndarray):
   if x is None:
     return None
-  return x[keep] if isinstance(x, np.ndarray) else jnp.asarray(x)[jnp.asarray(keep)]
+  return jnp.asarray(x)[jnp.asarray(keep)] if isinstance(x, jax.Array) else np.asarray(x)[keep]
 
 
 class FitSet:
