@@ -78,8 +78,7 @@ def _prune(h, k: int):
 def _ratio(s1, s2):
   """s1 / s2, and 1 where both are 0 (an all-zero row: pruning removed nothing, as whenever
   s1 == s2; the references give 0/0 = NaN). docs/detectors.md#ash_s."""
-  both = (s1 == 0) & (s2 == 0)
-  return jnp.where(both, 1.0, s1 / jnp.where(both, 1.0, s2))
+  return jnp.where((s1 == 0) & (s2 == 0), 1.0, s1 / s2)
 
 
 def _pruned_args(det, outputs) -> tuple:

@@ -280,11 +280,13 @@ class SHE(Detector):
 
 # ----------------------------------------------------------------------------- boundary
 
-def _safe_div(num, norm):
-  """num / norm, and 0 where norm == 0 (h exactly at the normalising point: the references'
-  0/0 = NaN or x/0 = inf; docs/detectors.md#fdbd, #nci)."""
-  pos = norm > 0
-  return jnp.where(pos, num / jnp.where(pos, norm, 1.0), 0.0)
+def _over_norm(num, x):
+  """num / |x| (rows of x), and 0 where |x| == 0 (x exactly at the normalising point: the
+  references' 0/0 = NaN or x/0 = inf; docs/detectors.md#fdbd). The guard tests the squared
+  norm, so that the sqrt keeps its single use and XLA compiles num / sqrt(.) exactly as the
+  unguarded num / norm (bit-identical scores)."""
+  sq = jnp.sum(x * x, axis=-1)
+  return jnp.where(sq > 0, num / jnp.sqrt(sq), 0.0)
 
 
 class FDBD(Detector):
@@ -308,7 +310,7 @@ class FDBD(Detector):
     dist = jnp.where(jnp.eye(dist.shape[0], dtype=bool), 1.0, dist)
     # identical weight vectors (e.g. a zero-initialised head) have no decision boundary: the
     # pair's term is 0 instead of 0/0 or x/0 (docs/detectors.md#fdbd)
-    out = {"inv_dist": jnp.where(dist > 0, 1.0 / jnp.where(dist > 0, dist, 1.0), 0.0)}
+    out = {"inv_dist": jnp.where(dist > 0, 1.0 / dist, 0.0)}
     if self.hparams["distance_as_normalizer"]:
       st = stats.moments(train)
       out["mean"] = jnp.asarray(st["sum"] / st["n"], cd)
@@ -322,7 +324,7 @@ class FDBD(Detector):
     h = fc(features)
     if self.hparams["distance_as_normalizer"]:
       h = h - state["mean"]
-    return _safe_div(num, jnp.linalg.norm(h, axis=-1))
+    return _over_norm(num, h)
 
 
 class NCI(Detector):
@@ -344,6 +346,10 @@ class NCI(Detector):
     h = fc(features)
     wy = state["w"].T[jnp.argmax(fc(logits), -1)]
     c = h - state["mean"]
-    return (_safe_div(jnp.sum(wy * c, -1), jnp.linalg.norm(c, axis=-1))
-            + self.hparams["alpha"] * jnp.sum(jnp.abs(h), -1))
+    l1 = self.hparams["alpha"] * jnp.sum(jnp.abs(h), -1)
+    # h == mu exactly: 0/0 (NaN in the reference) -> the cosine term is 0 (docs/detectors.md#nci).
+    # The guard selects after the sum and does not read the norm, so that XLA compiles the sum
+    # exactly as without it (bit-identical scores).
+    return jnp.where(jnp.any(c != 0, -1),
+                     jnp.sum(wy * c, -1) / jnp.linalg.norm(c, axis=-1) + l1, l1)
 
