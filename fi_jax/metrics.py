@@ -432,10 +432,31 @@ def _evaluate(ida: jax.Array, id_start: jax.Array, id_w: jax.Array, gr: _Groups,
   return out
 
 
-def _draws(seed: jax.Array, r: jax.Array, size_id: int, size_ood: int, n_id: jax.Array,
+def _seed_words(seed: int, idt: Any) -> dict[str, np.ndarray]:
+  """The bootstrap seed as integer operands: {'seed': seed} when it fits the working int dtype
+  (int32 with x64 off), else {'seed': low 32 bits, 'seed_hi': the rest} (any Python int)."""
+  seed = int(seed)
+  info = np.iinfo(idt)
+  if info.min <= seed <= info.max:
+    return {"seed": np.asarray(seed, idt)}
+  lo = seed & 0xFFFFFFFF
+  return {"seed": np.asarray(lo - (1 << 32) if lo >= 1 << 31 else lo, idt),
+          "seed_hi": np.asarray((seed >> 32) % (1 << 31), idt)}
+
+
+def _key(c: dict) -> jax.Array:
+  """The PRNG key of the bootstrap seed (`_seed_words`): key(seed), or for a seed beyond the
+  int dtype key(low 32 bits) folded with the high bits."""
+  key = jax.random.key(c["seed"])
+  if "seed_hi" in c:
+    key = jax.random.fold_in(key, c["seed_hi"])
+  return key
+
+
+def _draws(key: jax.Array, r: jax.Array, size_id: int, size_ood: int, n_id: jax.Array,
            n_ood: jax.Array, idt: Any) -> tuple[jax.Array, jax.Array]:
   """Resample r: uniform positions in [0, n) (the first n are used) for ID and for OOD."""
-  k1, k2 = jax.random.split(jax.random.fold_in(jax.random.key(seed), r))
+  k1, k2 = jax.random.split(jax.random.fold_in(key, r))
   return (jax.random.randint(k1, (size_id,), 0, n_id, dtype=idt),
           jax.random.randint(k2, (size_ood,), 0, n_ood, dtype=idt))
 
@@ -467,7 +488,7 @@ def _core(id_keys, ood_keys, gkeys, ok_id, ok_ood, c, *, num_segments, n_boot):
   else:
     # replicate -1 is the sample itself; 0..n_boot-1 are resamples (one traced evaluation)
     def replicate(r):
-      di, do = _draws(c["seed"], r, n_id_pad, n_ood_pad, c["n_id"], c["n_ood"], idt)
+      di, do = _draws(_key(c), r, n_id_pad, n_ood_pad, c["n_id"], c["n_ood"], idt)
       wi = jnp.where(r < 0, id_w, _counts(di, c["n_id"]))
       wo = jnp.where(r < 0, o_w, _counts(do, c["n_ood"]))
       rr = _evaluate(ida, id_start, wi, pooled, wo, c)
@@ -515,14 +536,54 @@ def _replicated(*arrays: Any) -> Any:
 
 # ----------------------------------------------------------------------------- public API
 
-def _run(id_scores, ood_scores, tpr, ood_groups, n_bootstrap, ci, seed):
+@functools.partial(jax.jit, static_argnames=("fdt",))
+def _count_nonfinite(x: jax.Array, fdt: Any) -> jax.Array:
+  return jnp.sum(~jnp.isfinite(x.astype(fdt)))
+
+
+def _nonfinite_error(x: Any, arg: str, name: Optional[str], fdt: Any) -> ValueError:
+  """The error for non-finite scores: what failed (`name`), which argument, how many."""
+  try:
+    if isinstance(x, jax.Array):
+      bad = int(jax.device_get(_count_nonfinite(x, fdt)))
+    else:
+      with np.errstate(over="ignore"):
+        bad = int((~np.isfinite(np.asarray(x).astype(fdt))).sum())
+    count = f" {bad} of {x.shape[0]}"
+  except Exception:  # pylint: disable=broad-except  (a non-addressable array: no count)
+    count = ""
+  where = f"{name}: " if name else ""
+  cast = (" (after the cast to float32: x64 is off)" if fdt == jnp.float32
+          and np.dtype(x.dtype) == np.float64 else "")
+  return ValueError(f"{where}{arg} has{count} NaN or infinite values{cast}; fix the detector "
+                    f"or drop those samples before computing metrics.")
+
+
+def _dense_groups(g: Any, idt: Any) -> tuple[Any, Optional[np.ndarray]]:
+  """(group ids that fit `idt`, None) when they already do; else (dense ranks of the ids >= 0
+  as idt, -1 for the rest; the sorted distinct ids) so that ids beyond int32 (x64 off) or int64
+  never wrap. Host arrays only (a jax array already has a jax dtype)."""
+  if isinstance(g, jax.Array) or not g.size:
+    return g, None
+  info = np.iinfo(idt)
+  if int(g.max()) <= info.max and int(g.min()) >= info.min:
+    return g, None
+  valid = g >= 0
+  uniq = np.unique(g[valid])
+  dense = np.full(g.shape, -1, idt)
+  dense[valid] = np.searchsorted(uniq, g[valid])
+  return dense, uniq
+
+
+def _run(id_scores, ood_scores, tpr, ood_groups, n_bootstrap, ci, seed, name=None):
   _check_options(tpr, n_bootstrap, ci)
   id_scores = _check_scores(id_scores, "id_scores")
   ood_scores = _check_scores(ood_scores, "ood_scores")
   n_id, n_ood = int(id_scores.shape[0]), int(ood_scores.shape[0])
-  if ood_groups is not None:
-    ood_groups = _check_groups(ood_groups, n_ood)
   fdt, idt = _dtypes()
+  group_ids = None
+  if ood_groups is not None:
+    ood_groups, group_ids = _dense_groups(_check_groups(ood_groups, n_ood), idt)
   # explicit transfers only (works under jax.transfer_guard("disallow")); outputs replicated
   # over the inputs' mesh so that a multi-process run can device_get them
   rep = _replicated(id_scores, ood_scores, ood_groups)
@@ -536,8 +597,9 @@ def _run(id_scores, ood_scores, tpr, ood_groups, n_bootstrap, ci, seed):
   ci_hi = _quantile_plan(max(int(n_bootstrap), 1), (1 + float(ci)) / 2)
   c = {"n_id": n_id, "n_ood": n_ood, "k_in": _min_k(n_id, float(tpr)),
        "k_out": _min_k(n_ood, float(tpr)), "q": q[:2], "ci_lo": ci_lo[:2], "ci_hi": ci_hi[:2],
-       "zero": 0, "seed": int(seed)}
+       "zero": 0}
   c = {k: np.asarray(v, dtype=idt) for k, v in c.items()}
+  c.update(_seed_words(seed, idt))
   c.update({k: np.asarray(v, dtype=fdt) for k, v in (
       ("q_g", q[2:]), ("ci_lo_g", ci_lo[2:]), ("ci_hi_g", ci_hi[2:]), ("tpr", float(tpr)))})
   core = _core_jit(rep)
@@ -546,20 +608,21 @@ def _run(id_scores, ood_scores, tpr, ood_groups, n_bootstrap, ci, seed):
              n_boot=int(n_bootstrap))
   out = jax.device_get(out)
   if not out["ok_id"]:
-    raise ValueError("id_scores contains NaN or infinite values; fix the detector or drop those "
-                     "samples before computing metrics.")
+    raise _nonfinite_error(id_scores, "id_scores", name, fdt)
   if not out["ok_ood"]:
-    raise ValueError("ood_scores contains NaN or infinite values; fix the detector or drop "
-                     "those samples before computing metrics.")
+    raise _nonfinite_error(ood_scores, "ood_scores", name, fdt)
   if ood_groups is not None and int(out["n_ood_groups"]) == 0:
-    raise ValueError("ood_groups has no class id >= 0 (negative ids mean 'no class'); pass "
-                     "ood_groups=None for pooled metrics only.")
+    raise ValueError(f"{name + ': ' if name else ''}ood_groups has no class id >= 0 (negative "
+                     f"ids mean 'no class'); pass ood_groups=None for pooled metrics only.")
+  if group_ids is not None:
+    out["table"]["group"] = group_ids[np.asarray(out["table"]["group"])[
+        :int(out["n_ood_groups"])]]
   return out, n_id, n_ood
 
 
 def ood_metrics(id_scores: Any, ood_scores: Any, *, tpr: float = 0.95,
                 ood_groups: Optional[Any] = None, n_bootstrap: int = 0, ci: float = 0.95,
-                seed: int = 0) -> dict[str, float]:
+                seed: int = 0, name: Optional[str] = None) -> dict[str, float]:
   """All OOD metrics (module docstring) as a flat dict of Python floats (one CSV row).
 
   Args:
@@ -569,7 +632,8 @@ def ood_metrics(id_scores: Any, ood_scores: Any, *, tpr: float = 0.95,
     ood_groups: optional [n_ood] int class id per OOD sample (< 0: no class) -> `*_macro`.
     n_bootstrap: number of bootstrap resamples (0 = no confidence intervals).
     ci: confidence level of the percentile intervals.
-    seed: bootstrap seed.
+    seed: bootstrap seed (any int; docs/metrics.md#bootstrap-confidence-intervals).
+    name: what is being evaluated (e.g. "fdbd on ood/ninco"), named in error messages.
 
   Returns:
     auroc, fpr95 (ID positive), fpr95_ood_positive (OpenOOD v1.5), fpr95_ninco (NINCO),
@@ -577,11 +641,26 @@ def ood_metrics(id_scores: Any, ood_scores: Any, *, tpr: float = 0.95,
     `<metric>_macro` and n_ood_groups; with n_bootstrap also `<metric>_ci_low/_ci_high`,
     n_bootstrap and ci_level.
   """
-  out, n_id, n_ood = _run(id_scores, ood_scores, tpr, ood_groups, n_bootstrap, ci, seed)
+  out, n_id, n_ood = _run(id_scores, ood_scores, tpr, ood_groups, n_bootstrap, ci, seed, name)
+  return _flat(out, n_id, n_ood, tpr, ood_groups is not None, n_bootstrap, ci)
+
+
+def ood_metrics_and_table(id_scores: Any, ood_scores: Any, ood_groups: Any, *,
+                          tpr: float = 0.95, n_bootstrap: int = 0, ci: float = 0.95,
+                          seed: int = 0, name: Optional[str] = None
+                          ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+  """(`ood_metrics(..., ood_groups=ood_groups)`, `per_group_metrics(...)`) from one pass: the
+  per-class table is computed once, by the same program as the macro keys."""
+  out, n_id, n_ood = _run(id_scores, ood_scores, tpr, ood_groups, n_bootstrap, ci, seed, name)
+  return (_flat(out, n_id, n_ood, tpr, True, n_bootstrap, ci), _table(out))
+
+
+def _flat(out: dict, n_id: int, n_ood: int, tpr: float, grouped: bool, n_bootstrap: int,
+          ci: float) -> dict[str, float]:
   res = {m: float(out[m]) for m in METRICS}
   res["tnr95"] = 1.0 - res["fpr95"]
   res.update(n_id=float(n_id), n_ood=float(n_ood), tpr=float(tpr))
-  if ood_groups is not None:
+  if grouped:
     res.update({f"{m}_macro": float(out[f"{m}_macro"]) for m in METRICS})
     res["n_ood_groups"] = float(out["n_ood_groups"])
   if n_bootstrap:
@@ -597,6 +676,10 @@ def per_group_metrics(id_scores: Any, ood_scores: Any, ood_groups: Any, *,
   """Per OOD class (each vs all ID): arrays `group` (class id, ascending), `n_ood`, the seven
   metrics of `METRICS` and `tnr95`. OOD samples with class id < 0 are left out."""
   out, _, _ = _run(id_scores, ood_scores, tpr, ood_groups, 0, 0.95, 0)
+  return _table(out)
+
+
+def _table(out: dict) -> dict[str, np.ndarray]:
   k = int(out["n_ood_groups"])
   table = {name: np.asarray(v)[:k] for name, v in out["table"].items()}
   table["tnr95"] = 1.0 - table["fpr95"]
@@ -606,7 +689,8 @@ def per_group_metrics(id_scores: Any, ood_scores: Any, ood_groups: Any, *,
 @functools.partial(jax.jit, static_argnames=("n_boot", "size_id", "size_ood"))
 def _all_draws(seed, n_id, n_ood, *, n_boot, size_id, size_ood):
   idt = n_id.dtype
-  return jax.vmap(lambda r: _draws(seed, r, size_id, size_ood, n_id, n_ood, idt))(
+  key = _key(seed)
+  return jax.vmap(lambda r: _draws(key, r, size_id, size_ood, n_id, n_ood, idt))(
       jnp.arange(n_boot))
 
 
@@ -615,7 +699,7 @@ def bootstrap_indices(n_id: int, n_ood: int, n_bootstrap: int,
   """The resamples `ood_metrics(..., n_bootstrap, seed)` uses, as ([B, n_id], [B, n_ood]) int
   arrays of positions into the ascending-sorted ID and OOD scores (np.sort(scores)[idx])."""
   _, idt = _dtypes()
-  i, o = _all_draws(jnp.asarray(seed, idt), jnp.asarray(n_id, idt), jnp.asarray(n_ood, idt),
+  i, o = _all_draws(_seed_words(seed, idt), jnp.asarray(n_id, idt), jnp.asarray(n_ood, idt),
                     n_boot=int(n_bootstrap), size_id=_bucket(n_id), size_ood=_bucket(n_ood))
   i, o = jax.device_get((i, o))
   return np.asarray(i)[:, :n_id], np.asarray(o)[:, :n_ood]

@@ -206,13 +206,27 @@ def outputs_of(arrays: Mapping[str, np.ndarray]) -> detectors.Outputs:
                            None if labels is None else jnp.asarray(labels))
 
 
+def check_finite_scores(name: str, per_set: Mapping[str, np.ndarray]) -> None:
+  """ValueError naming the detector, every set with NaN or inf scores and their counts."""
+  bad = {s: int(np.size(v) - np.isfinite(v).sum()) for s, v in per_set.items()}
+  bad = {s: k for s, k in bad.items() if k}
+  if bad:
+    where = "; ".join(f"{k} of {np.size(per_set[s])} on {s!r}" for s, k in bad.items())
+    raise ValueError(f"{name}: non-finite scores (NaN or inf): {where}. Its metric rows are "
+                     f"left out (docs/detectors.md#input-checks).")
+
+
 def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detectors.Head, *,
-               log: Log = _no_log, keep_going: bool = False) -> tuple[dict, dict]:
+               log: Log = _no_log, keep_going: bool = False,
+               nonfinite: str = "error") -> tuple[dict, dict]:
   """Fits every detector on "id_fit" and scores every other set, all inside one
   `detectors.shared()` scope (work common to several detectors is done once).
 
-  Returns ({detector: {set name: scores}}, {detector: error text}). With `keep_going`, a
-  detector that raises is logged and reported in the errors instead of ending the run.
+  Returns ({detector: {set name: scores}}, {detector: error text}). A detector whose scores
+  contain NaN or inf on any set fails (`check_finite_scores`) and gets no scores. With
+  `keep_going`, a detector that fails is logged and reported in the errors instead of ending
+  the run. `nonfinite` ("error" | "drop") is passed to `Detector.fit`: what a fit row with a
+  NaN or inf does.
   """
   fit = outputs_of(sets["id_fit"])
   # one Outputs per set, so that detectors.shared() recognises the same arrays across detectors
@@ -223,10 +237,12 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
       t = time.time()
       try:
         if "inputs" in det.needs:   # scored during extraction
-          scores[name] = {s: np.asarray(sets[s][f"score/{name}"]) for s in test_sets}
+          per_set = {s: np.asarray(sets[s][f"score/{name}"]) for s in test_sets}
         else:
-          state = det.fit(fit, head)
-          scores[name] = {s: np.asarray(det.score(state, out)) for s, out in test_sets.items()}
+          state = det.fit(fit, head, nonfinite=nonfinite)
+          per_set = {s: np.asarray(det.score(state, out)) for s, out in test_sets.items()}
+        check_finite_scores(name, per_set)
+        scores[name] = per_set
         log(f"  {name}: {time.time() - t:.2f} s")
       except Exception as e:  # pylint: disable=broad-except  (one detector must not sink the run)
         if not keep_going:
@@ -251,15 +267,20 @@ def metric_rows(scores: Mapping[str, Mapping[str, np.ndarray]], sets: Mapping[st
       if not set_name.startswith("ood/"):
         continue
       groups = sets[set_name].get("group")
-      use_groups = per_group and groups is not None and (groups >= 0).any()
-      m = metrics.ood_metrics(jnp.asarray(id_scores), jnp.asarray(ood_scores), tpr=tpr,
-                              ood_groups=jnp.asarray(groups) if use_groups else None,
-                              n_bootstrap=n_bootstrap, seed=seed)
+      use_groups = per_group and groups is not None and (np.asarray(groups) >= 0).any()
+      what = f"{det_name} on {set_name} (vs id_test)"
+      kw = dict(tpr=tpr, n_bootstrap=n_bootstrap, seed=seed, name=what)
+      table = None
+      if use_groups:   # one pass gives the macro keys and the per-class table
+        # the host array, so that ids beyond int32 never wrap with x64 off
+        m, table = metrics.ood_metrics_and_table(jnp.asarray(id_scores), jnp.asarray(ood_scores),
+                                                 np.asarray(groups), **kw)
+      else:
+        m = metrics.ood_metrics(jnp.asarray(id_scores), jnp.asarray(ood_scores), **kw)
       row = {"model": model, "detector": det_name, "id_set": id_set,
              "ood_set": set_name[len("ood/"):], **m}
       if use_groups:
-        row["per_class"] = metrics.per_group_metrics(
-            jnp.asarray(id_scores), jnp.asarray(ood_scores), jnp.asarray(groups), tpr=tpr)
+        row["per_class"] = table
       rows.append(row)
   return rows
 

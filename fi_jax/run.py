@@ -227,7 +227,8 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
 
   t = time.time()
   log(f"Detectors ({len(dets)}):")
-  scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True)
+  scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True,
+                                       nonfinite=config.get("nonfinite", "error"))
   timings["detectors"] = time.time() - t
 
   t = time.time()

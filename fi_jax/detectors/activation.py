@@ -16,16 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import (Detector, cdtype, fc, head_logits, head_state, matmul,
-                                   require)
+from fi_jax.detectors.core import (Detector, cdtype, check_number, check_percentile, check_seed,
+                                   fc, head_logits, head_state, matmul, require)
 
 
 def _energy_of(h, state):
   return jax.nn.logsumexp(head_logits(h, state["w"], state["b"]), axis=-1)
-
-
-def _check_percentile(name, hp):
-  require(0 <= hp["percentile"] <= 100, f"{name}: percentile must be in [0, 100].")
 
 
 def sampled_entries(train, max_rows: int, seed: int, name: str) -> np.ndarray:
@@ -54,8 +50,9 @@ class ReAct(Detector):
 
   @classmethod
   def validate(cls, hp):
-    _check_percentile("react", hp)
-    require(int(hp["max_rows"]) >= 1, "react: max_rows must be >= 1.")
+    check_percentile("react", hp)
+    check_number("react", hp, "max_rows", lo=1, integer=True)
+    check_seed("react", hp)
 
   def _fit(self, train, head):
     feats = sampled_entries(train, self.hparams["max_rows"], self.hparams["seed"], "react")
@@ -118,6 +115,12 @@ def _prune(h, k: int):
   return mask, s1, s2
 
 
+def _ratio(s1, s2):
+  """s1 / s2, and 1 where both are 0 (an all-zero row: pruning removed nothing, as whenever
+  s1 == s2; the references give 0/0 = NaN). docs/detectors.md#ash_s."""
+  return jnp.where((s1 == 0) & (s2 == 0), 1.0, s1 / s2)
+
+
 def _pruned_args(det, outputs) -> tuple:
   """(features, (mask, s1, s2)); the pruning is shared inside `detectors.shared()` by every
   detector that keeps the same k of the same features."""
@@ -141,7 +144,7 @@ class _ASH(Detector):
 
   @classmethod
   def validate(cls, hp):
-    _check_percentile(cls.name, hp)
+    check_percentile(cls.name, hp)
 
   def _fit(self, train, head):
     return head_state(head)
@@ -158,7 +161,7 @@ class _ASH(Detector):
     elif self.mode == "b":
       shaped = jnp.where(mask, (s1 / k)[:, None], 0.0)
     else:
-      shaped = fc(jnp.where(mask, h, 0.0)) * jnp.exp(s1 / s2)[:, None]
+      shaped = fc(jnp.where(mask, h, 0.0)) * jnp.exp(_ratio(s1, s2))[:, None]
     return _energy_of(shaped, state)
 
 
@@ -182,7 +185,7 @@ class SCALE(Detector):
 
   @classmethod
   def validate(cls, hp):
-    _check_percentile("scale", hp)
+    check_percentile("scale", hp)
 
   def _fit(self, train, head):
     return head_state(head)
@@ -193,7 +196,7 @@ class SCALE(Detector):
   def _score(self, state, features, pruned):
     _, s1, s2 = pruned
     h = jnp.asarray(features, jnp.float32)
-    z = head_logits(h, state["w"], 0.0) * jnp.exp(s1 / s2)[:, None] + fc(state["b"])
+    z = head_logits(h, state["w"], 0.0) * jnp.exp(_ratio(s1, s2))[:, None] + fc(state["b"])
     return jax.nn.logsumexp(z, axis=-1)
 
 
@@ -206,7 +209,7 @@ class DICE(Detector):
 
   @classmethod
   def validate(cls, hp):
-    _check_percentile("dice", hp)
+    check_percentile("dice", hp)
 
   def _fit(self, train, head):
     st = stats.moments(train)

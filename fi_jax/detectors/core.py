@@ -12,6 +12,9 @@ Conventions (docs/detectors.md#conventions):
 from __future__ import annotations
 
 import abc
+import logging
+import math
+import numbers
 from typing import ClassVar, Optional
 
 import jax
@@ -122,16 +125,37 @@ class Detector(abc.ABC):
     return f"{type(self).__name__}({self.name!r}, {self.hparams})"
 
   # -- fitting
-  def fit(self, train, head: Optional[Head] = None) -> dict:
+  def fit(self, train, head: Optional[Head] = None, *, nonfinite: str = "error") -> dict:
     """Fits the detector on an `Outputs` or an iterable of `Outputs` batches; returns a dict
-    of arrays ({} when there is nothing to fit)."""
-    if "head" in self.needs:
+    of arrays ({} when there is nothing to fit).
+
+    The fit set is validated first (docs/detectors.md#input-checks): the fields the detector
+    reads must be present, 2-D (labels 1-D) with one row count, agree with the head's shape,
+    and labels must be integers in [0, C) or -1 (unknown). A row with a NaN or inf in a field
+    the detector reads is an error (`nonfinite="error"`, the default) or is left out of the
+    fit with a warning (`nonfinite="drop"`)."""
+    if nonfinite not in NONFINITE:
+      raise ValueError(f"{self.name}: nonfinite must be one of {list(NONFINITE)}, got "
+                       f"{nonfinite!r}.")
+    if "head" in self.needs or isinstance(head, Head):
       check_head(head, self.name)
-    if not self.fit_needs:
-      train = None
+    hdims = head_dims(head)
+    checked = None
+    if self.fit_needs:
+      fields = tuple(f for f in ("features", "logits", "labels") if f in self.fit_needs)
+      checked = shared.memo((train,), ("fit_set", fields, hdims, nonfinite),
+                            lambda: FitSet(train, fields, hdims, nonfinite, self.name))
+      checked.owner = self.name
     fit_hp = tuple(sorted((k, v) for k, v in self.hparams.items() if k not in self.score_only))
-    return shared.memo((train, head), ("fit", self.fit_family or type(self), fit_hp),
-                       lambda: self._fit(train, head))
+
+    def compute():
+      state = self._fit(None if checked is None else checked.data, head)
+      dims = hdims if checked is None else checked.dims
+      if dims == (None, None) or not isinstance(state, dict):
+        return state
+      return {**state, DIMS_KEY: np.asarray([-1 if v is None else v for v in dims], np.int32)}
+    return shared.memo((train, head), ("fit", self.fit_family or type(self), fit_hp, nonfinite),
+                       compute)
 
   def _fit(self, train, head) -> dict:
     del train, head
@@ -139,10 +163,12 @@ class Detector(abc.ABC):
 
   # -- scoring
   def score(self, state: dict, outputs: Outputs) -> jax.Array:
-    """Scores [N] (higher = more ID), float64 when x64 is on."""
+    """Scores [N] (higher = more ID), float64 when x64 is on. `outputs` must match the shapes
+    the detector was fitted on (feature dimension, number of classes)."""
     check_outputs(outputs, self.needs - {"labels", "head", "inputs"}, self.name)
+    core = check_state(state, outputs, self.needs, self.name)
     return shared.memo((state, outputs), ("score", type(self), self._hp_key),
-                       lambda: self._score_jit(state, *self._score_args(state, outputs)))
+                       lambda: self._score_jit(core, *self._score_args(core, outputs)))
 
   def _score_args(self, state, outputs) -> tuple:
     """The two arrays `_score` receives after the state: (features, logits) by default (None
@@ -155,6 +181,197 @@ class Detector(abc.ABC):
   @abc.abstractmethod
   def _score(self, state, features, logits):
     """The jitted score of (state, features or None, logits or None)."""
+
+
+# ----------------------------------------------------------------------------- input checks
+
+NONFINITE = ("error", "drop")
+# state key written by `Detector.fit`: int32 [2] = (feature dimension D, number of classes C)
+# the detector was fitted for (-1 = unknown); checked by `score`, never passed to `_score`
+DIMS_KEY = "input_dims"
+
+
+def _shape(x) -> tuple:
+  return tuple(np.shape(x))
+
+
+def head_dims(head) -> tuple[Optional[int], Optional[int]]:
+  """(D, C) of a Head, (None, None) for anything else."""
+  if not isinstance(head, Head):
+    return None, None
+  return int(np.shape(head.w)[0]), int(np.shape(head.w)[1])
+
+
+@jax.jit
+def _all_finite(x) -> jax.Array:
+  return jnp.all(jnp.isfinite(x))
+
+
+@jax.jit
+def _row_finite(x) -> jax.Array:
+  return jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim)))
+
+
+@jax.jit
+def _min_max(y) -> jax.Array:
+  return jnp.stack([jnp.min(y), jnp.max(y)])
+
+
+def all_finite(x) -> bool:
+  """True if every entry of x is finite: one reduction (one device->host sync for a jax array),
+  memoised per array inside `detectors.shared()`."""
+  if not isinstance(x, jax.Array):
+    x = np.asarray(x)
+    return bool(np.isfinite(x).all()) if x.dtype.kind in "fc" else True
+  return bool(shared.memo((x,), ("all_finite",), lambda: bool(_all_finite(x))))
+
+
+def _row_mask(x) -> np.ndarray:
+  """[N] bool: rows of x with only finite entries."""
+  if not isinstance(x, jax.Array):
+    x = np.asarray(x)
+    return np.isfinite(x).reshape(len(x), -1).all(1) if x.dtype.kind in "fc" else np.ones(
+        len(x), bool)
+  return np.asarray(_row_finite(x))
+
+
+def _label_range(y) -> tuple[int, int]:
+  if not isinstance(y, jax.Array):
+    y = np.asarray(y)
+    return int(y.min()), int(y.max())
+  lo, hi = np.asarray(shared.memo((y,), ("label_range",), lambda: _min_max(y)))
+  return int(lo), int(hi)
+
+
+def _take_rows(x, keep: np.ndarray):
+  if x is None:
+    return None
+  return jnp.asarray(x)[jnp.asarray(keep)] if isinstance(x, jax.Array) else np.asarray(x)[keep]
+
+
+class FitSet:
+  """A validated fit set: `data` is what `_fit` reads (the same object when nothing had to be
+  dropped; for an iterable, batches checked as they stream), `dims` the (D, C) it implies."""
+
+  def __init__(self, train, fields: tuple[str, ...], hdims: tuple, nonfinite: str, owner: str):
+    self.fields, self.hdims, self.nonfinite, self.owner = fields, hdims, nonfinite, owner
+    self.dims = hdims
+    if isinstance(train, Outputs):
+      self.data = self.check(train, 0)
+      return
+    try:
+      it = iter(train)
+    except TypeError:
+      raise ValueError(f"{owner}: the fit set must be an Outputs or an iterable of Outputs, got "
+                       f"{type(train).__name__}.") from None
+    if it is train:                                 # one-shot iterator: stays one-shot
+      self.data = self._stream(it)
+    else:
+      self.data = _Reiterable(lambda: self._stream(iter(train)))
+
+  def _stream(self, it):
+    start = 0
+    for b in it:
+      n = _rows(b)
+      yield self.check(b, start)
+      start += n
+
+  def check(self, b, start: int) -> Outputs:
+    """Batch `b` (rows start.. of the fit set) validated; non-finite rows dropped in 'drop'
+    mode (a new Outputs; the same object when nothing is dropped)."""
+    name, fields = self.owner, self.fields
+    if not isinstance(b, Outputs):
+      raise ValueError(f"{name}: the fit set's batches must be Outputs, got {type(b).__name__}.")
+    for f in fields:
+      if getattr(b, f) is None:
+        raise ValueError(f"{name} needs Outputs.{f} in the fit set, which is None.")
+    n = None
+    for f in fields:
+      x = getattr(b, f)
+      want = 1 if f == "labels" else 2
+      if np.ndim(x) != want:
+        raise ValueError(f"{name}: fit Outputs.{f} must be {want}-D "
+                         f"{'[N]' if want == 1 else '[N, ...]'}, got shape {_shape(x)}.")
+      if n is not None and _shape(x)[0] != n:
+        raise ValueError(f"{name}: fit Outputs.{f} has {_shape(x)[0]} rows but "
+                         f"Outputs.{fields[0]} has {n} (shapes {_shape(x)} and "
+                         f"{_shape(getattr(b, fields[0]))}).")
+      n = _shape(x)[0]
+    hd, hc = self.hdims
+    if "features" in fields:
+      d = _shape(b.features)[1]
+      if hd is not None and d != hd:
+        raise ValueError(f"{name}: fit Outputs.features has shape {_shape(b.features)} but "
+                         f"Head.w has shape ({hd}, {hc}): the feature dimensions differ "
+                         f"({d} vs {hd}); pass the head of the model that made the features.")
+      self.dims = (d, self.dims[1])
+    if "logits" in fields:
+      c = _shape(b.logits)[1]
+      if hc is not None and c != hc:
+        raise ValueError(f"{name}: fit Outputs.logits has shape {_shape(b.logits)} but "
+                         f"Head.w has shape ({hd}, {hc}): the numbers of classes differ "
+                         f"({c} vs {hc}).")
+      self.dims = (self.dims[0], c)
+    if "labels" in fields:
+      num_classes = hc
+      if num_classes is None and b.logits is not None and np.ndim(b.logits) == 2:
+        num_classes = _shape(b.logits)[1]
+      check_labels(b.labels, num_classes, name)
+    floats = [f for f in fields if f != "labels"]
+    if all(all_finite(getattr(b, f)) for f in floats):
+      return b
+    keep = np.ones(n, bool)
+    for f in floats:
+      keep &= _row_mask(getattr(b, f))
+    bad, first = int(n - keep.sum()), start + int(np.argmin(keep))
+    what = " / ".join(f"Outputs.{f}" for f in floats)
+    rows = f"rows {start}..{start + n - 1} of the fit set"
+    if self.nonfinite == "error":
+      raise ValueError(f"{name}: {bad} of {n} fit rows ({rows}) have NaN or inf in {what} "
+                       f"(first: row {first}); fix the model's outputs, or fit with "
+                       f"nonfinite='drop' to leave those rows out.")
+    if bad == n:
+      raise ValueError(f"{name}: all {n} fit rows ({rows}) have NaN or inf in {what}; nothing "
+                       f"is left to fit on.")
+    logging.warning("%s: leaving out %d of %d fit rows (%s) with NaN or inf in %s (first: "
+                    "row %d).", name, bad, n, rows, what, first)
+    return Outputs(*(_take_rows(getattr(b, f), keep) for f in ("features", "logits", "labels")))
+
+
+class _Reiterable:
+  """An iterable that gives a fresh stream on every `iter` (so it stays re-iterable)."""
+
+  def __init__(self, make):
+    self._make = make
+
+  def __iter__(self):
+    return self._make()
+
+
+def _rows(b) -> int:
+  if isinstance(b, Outputs):
+    for x in (b.features, b.logits, b.labels):
+      if x is not None and np.ndim(x) >= 1:
+        return int(np.shape(x)[0])
+  return 0
+
+
+def check_labels(labels, num_classes: Optional[int], name: str) -> None:
+  """Labels must be integers in [0, num_classes) or -1 (unknown): one min/max reduction."""
+  dt = np.dtype(getattr(labels, "dtype", np.asarray(labels).dtype))
+  if dt.kind not in "iu":
+    raise ValueError(f"{name}: Outputs.labels must be integers (class index, -1 = unknown), got "
+                     f"dtype {dt}; convert them (e.g. labels.astype(np.int64)) after checking "
+                     f"they are whole numbers.")
+  if not np.size(labels):
+    return
+  lo, hi = _label_range(labels)
+  if lo < -1 or (num_classes is not None and hi >= num_classes):
+    c = "C" if num_classes is None else str(num_classes)
+    hint = (" (1-based labels? subtract 1)" if num_classes is not None and hi == num_classes
+            and lo >= 0 else "")
+    raise ValueError(f"{name}: Outputs.labels must be in [0, {c}) or -1 (unknown), got values "
+                     f"in [{lo}, {hi}]{hint}.")
 
 
 def check_outputs(outputs, needs, name: str) -> None:
@@ -176,6 +393,25 @@ def check_outputs(outputs, needs, name: str) -> None:
     raise ValueError(f"{name}: Outputs.labels must have shape [{n}], got {np.shape(outputs.labels)}.")
 
 
+def check_state(state, outputs: Outputs, needs, name: str) -> dict:
+  """The state without its `DIMS_KEY` entry, after checking that the score inputs have the
+  feature dimension and number of classes the detector was fitted for."""
+  if not isinstance(state, dict):
+    raise ValueError(f"{name}: state must be the dict of arrays fit() returned, got "
+                     f"{type(state).__name__}.")
+  if DIMS_KEY not in state:
+    return state
+  d, c = (int(v) for v in np.asarray(state[DIMS_KEY]))
+  for field, axis_name, want in (("features", "feature dimension", d),
+                                 ("logits", "number of classes", c)):
+    x = getattr(outputs, field)
+    if field in needs and want >= 0 and x is not None and _shape(x)[1] != want:
+      raise ValueError(f"{name}: Outputs.{field} has shape {_shape(x)} but the detector was "
+                       f"fitted for {want} ({axis_name}; fit / head shape [N, {want}]); "
+                       f"score outputs of the model it was fitted on.")
+  return {k: v for k, v in state.items() if k != DIMS_KEY}
+
+
 def check_head(head, name: str, dim: Optional[int] = None) -> None:
   if not isinstance(head, Head):
     raise ValueError(f"{name} needs the classifier head: pass fit(train, head=Head(w, b)).")
@@ -195,3 +431,58 @@ def head_state(head: Head) -> dict:
 def require(cond: bool, msg: str) -> None:
   if not cond:
     raise ValueError(msg)
+
+
+# ----------------------------------------------------------------------------- hyper-parameters
+
+def _num_range(lo, hi, lo_open, hi_open, integer) -> str:
+  kind = "an integer" if integer else "a finite number"
+  if lo is not None and hi is not None:
+    return f"{kind} in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+  if lo is not None:
+    return f"{kind} {'>' if lo_open else '>='} {lo}"
+  if hi is not None:
+    return f"{kind} {'<' if hi_open else '<='} {hi}"
+  return kind
+
+
+def check_number(det: str, hp: dict, key: str, *, lo=None, hi=None, lo_open: bool = False,
+                 hi_open: bool = False, integer: bool = False, none_ok: bool = False) -> None:
+  """hp[key] must be a real number (an integral value if `integer`; None if `none_ok`) in the
+  range; else ValueError naming the detector, the hyper-parameter, the value and the range."""
+  v = hp[key]
+  if v is None and none_ok:
+    return
+  ok = (isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+        and math.isfinite(float(v)))
+  if ok and integer:
+    ok = float(v).is_integer()
+  if ok and lo is not None:
+    ok = v > lo if lo_open else v >= lo
+  if ok and hi is not None:
+    ok = v < hi if hi_open else v <= hi
+  if not ok:
+    valid = _num_range(lo, hi, lo_open, hi_open, integer)
+    raise ValueError(f"{det}: hyper-parameter {key}={v!r} is out of range; valid: "
+                     f"{'None or ' if none_ok else ''}{valid}.")
+
+
+def check_choice(det: str, hp: dict, key: str, choices: tuple) -> None:
+  """hp[key] must be one of the strings `choices`."""
+  v = hp[key]
+  if not any(isinstance(v, str) and v == c for c in choices):
+    raise ValueError(f"{det}: hyper-parameter {key}={v!r} is invalid; valid: "
+                     f"{' or '.join(repr(c) for c in choices)}.")
+
+
+def check_bool(det: str, hp: dict, key: str) -> None:
+  if not isinstance(hp[key], (bool, np.bool_)):
+    raise ValueError(f"{det}: hyper-parameter {key}={hp[key]!r} is invalid; valid: True or False.")
+
+
+def check_percentile(det: str, hp: dict, key: str = "percentile") -> None:
+  check_number(det, hp, key, lo=0, hi=100, lo_open=True, hi_open=True)
+
+
+def check_seed(det: str, hp: dict, key: str = "seed") -> None:
+  check_number(det, hp, key, integer=True)

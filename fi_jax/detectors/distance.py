@@ -9,12 +9,15 @@ that have a pattern. This never produces NaN (the references would: mean of an e
 """
 from __future__ import annotations
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import (Detector, Outputs, cdtype, fc, l2_normalize, log_max_softmax,
+from fi_jax.detectors.core import (Detector, Outputs, cdtype, check_bool, check_choice,
+                                   check_number, check_seed, fc, l2_normalize, log_max_softmax,
                                    matmul, require)
 
 
@@ -207,7 +210,9 @@ class Residual(Detector):
 
   @classmethod
   def validate(cls, hp):
-    require(hp["dim"] is None or int(hp["dim"]) >= 0, f"{cls.name}: dim must be >= 0 or None.")
+    check_number(cls.name, hp, "dim", lo=1, integer=True, none_ok=True)
+    check_number(cls.name, hp, "max_rows", lo=1, integer=True)
+    check_seed(cls.name, hp)
 
   def _dim(self, d: int) -> int:
     dim = vim_dim(d) if self.hparams["dim"] is None else int(self.hparams["dim"])
@@ -262,6 +267,12 @@ class ViM(Residual):
       tot_logit += float(jnp.sum(jnp.max(fc(chunk.logits), -1)))
       tot_norm += float(jnp.sum(_residual_norm(chunk.features, u, q)))
       n += stats.num_rows(chunk)
+    if not tot_norm > 0:
+      # every fit row lies in the principal subspace: alpha = mean max-logit / 0 is undefined
+      # (the reference gives inf or NaN); 0 makes the score the energy (docs/detectors.md#vim)
+      logging.warning("%s: every fit row has a zero residual norm; alpha = 0 (the score is "
+                      "the energy LSE(z)).", self.name)
+      return {"u": u, "q": q, "alpha": jnp.asarray(0.0, cdtype())}
     return {"u": u, "q": q, "alpha": jnp.asarray(tot_logit / tot_norm, cdtype())}
 
   def _score(self, state, features, logits):
@@ -360,7 +371,7 @@ class RelativeCosine(Cosine):
 
   @classmethod
   def validate(cls, hp):
-    require(hp["temperature"] > 0, "relative_cosine: temperature must be > 0.")
+    check_number("relative_cosine", hp, "temperature", lo=0, lo_open=True)
 
   def _score(self, state, features, cos):
     z = cos / self.hparams["temperature"]
@@ -378,8 +389,7 @@ class SHE(Detector):
 
   @classmethod
   def validate(cls, hp):
-    require(hp["metric"] in ("inner_product", "euclidean", "cosine"),
-            "she: metric must be 'inner_product', 'euclidean' or 'cosine'.")
+    check_choice("she", hp, "metric", ("inner_product", "euclidean", "cosine"))
 
   def _fit(self, train, head):
     c, train = _peek_classes(train, head)
@@ -400,6 +410,15 @@ class SHE(Detector):
 
 # ----------------------------------------------------------------------------- boundary
 
+def _over_norm(num, x):
+  """num / |x| (rows of x), and 0 where |x| == 0 (x exactly at the normalising point: the
+  references' 0/0 = NaN or x/0 = inf; docs/detectors.md#fdbd). The guard tests the squared
+  norm, so that the sqrt keeps its single use and XLA compiles num / sqrt(.) exactly as the
+  unguarded num / norm (bit-identical scores)."""
+  sq = jnp.sum(x * x, axis=-1)
+  return jnp.where(sq > 0, num / jnp.sqrt(sq), 0.0)
+
+
 class FDBD(Detector):
   """fDBD (Liu & Qin): [sum_{c != yhat} (z_yhat - z_c) / |w_yhat - w_c|] / |h - mu| with mu
   the mean fit feature (distance_as_normalizer=True, OpenOOD default) or / |h| (False).
@@ -410,8 +429,7 @@ class FDBD(Detector):
 
   @classmethod
   def validate(cls, hp):
-    require(isinstance(hp["distance_as_normalizer"], (bool, np.bool_)),
-            "fdbd: distance_as_normalizer must be a bool.")
+    check_bool("fdbd", hp, "distance_as_normalizer")
 
   def _fit(self, train, head):
     cd = cdtype()
@@ -420,7 +438,9 @@ class FDBD(Detector):
     d2 = sq[:, None] + sq[None, :] - 2.0 * matmul(w.T, w)
     dist = jnp.sqrt(jnp.maximum(d2, 0.0))
     dist = jnp.where(jnp.eye(dist.shape[0], dtype=bool), 1.0, dist)
-    out = {"inv_dist": 1.0 / dist}
+    # identical weight vectors (e.g. a zero-initialised head) have no decision boundary: the
+    # pair's term is 0 instead of 0/0 or x/0 (docs/detectors.md#fdbd)
+    out = {"inv_dist": jnp.where(dist > 0, 1.0 / dist, 0.0)}
     if self.hparams["distance_as_normalizer"]:
       st = stats.moments(train)
       out["mean"] = jnp.asarray(st["sum"] / st["n"], cd)
@@ -434,7 +454,7 @@ class FDBD(Detector):
     h = fc(features)
     if self.hparams["distance_as_normalizer"]:
       h = h - state["mean"]
-    return num / jnp.linalg.norm(h, axis=-1)
+    return _over_norm(num, h)
 
 
 class NCI(Detector):
@@ -442,6 +462,10 @@ class NCI(Detector):
   name, needs = "nci", frozenset({"features", "logits", "head"})
   fit_needs = frozenset({"features"})
   defaults = {"alpha": 1e-4}
+
+  @classmethod
+  def validate(cls, hp):
+    check_number("nci", hp, "alpha", lo=0)
 
   def _fit(self, train, head):
     st = stats.moments(train)
@@ -452,6 +476,10 @@ class NCI(Detector):
     h = fc(features)
     wy = state["w"].T[jnp.argmax(fc(logits), -1)]
     c = h - state["mean"]
-    return (jnp.sum(wy * c, -1) / jnp.linalg.norm(c, axis=-1)
-            + self.hparams["alpha"] * jnp.sum(jnp.abs(h), -1))
+    l1 = self.hparams["alpha"] * jnp.sum(jnp.abs(h), -1)
+    # h == mu exactly: 0/0 (NaN in the reference) -> the cosine term is 0 (docs/detectors.md#nci).
+    # The guard selects after the sum and does not read the norm, so that XLA compiles the sum
+    # exactly as without it (bit-identical scores).
+    return jnp.where(jnp.any(c != 0, -1),
+                     jnp.sum(wy * c, -1) / jnp.linalg.norm(c, axis=-1) + l1, l1)
 

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from fi_jax.detectors.core import Detector, fc, log_max_softmax, require
+from fi_jax.detectors.core import Detector, check_number, fc, log_max_softmax, require
 
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -40,8 +40,8 @@ class ODIN(Detector):
 
   @classmethod
   def validate(cls, hp):
-    require(hp["temperature"] > 0, "odin: temperature must be > 0.")
-    require(hp["epsilon"] >= 0, "odin: epsilon must be >= 0.")
+    check_number("odin", hp, "temperature", lo=0, lo_open=True)
+    check_number("odin", hp, "epsilon", lo=0)
 
   def score_inputs(self, state: dict, logits_fn: Callable, images,
                    *, input_std: Sequence[float] = IMAGENET_STD) -> jax.Array:

@@ -28,7 +28,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fi_jax import selection
 from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import HIGHEST, Detector, energy, fc, l2_normalize, require
+from fi_jax.detectors.core import (HIGHEST, Detector, check_number, check_seed, energy, fc,
+                                   l2_normalize, require)
 
 _AXIS = "bank"
 _ROW_ALIGN = selection.MAX_GROUP   # bank rows per shard are a multiple of every group size
@@ -164,9 +165,8 @@ class _BankDetector(Detector):
 
   @classmethod
   def validate(cls, hp):
-    require(int(hp["k"]) >= 1, f"{cls.name}: k must be >= 1.")
-    require(int(hp["query_block"]) >= 1 and int(hp["bank_block"]) >= 1,
-            f"{cls.name}: query_block and bank_block must be >= 1.")
+    for key in ("k", "query_block", "bank_block"):
+      check_number(cls.name, hp, key, lo=1, integer=True)
 
   def _k(self, state) -> int:
     n = int(state["n"])
@@ -245,7 +245,8 @@ class NNGuide(_BankDetector):
   @classmethod
   def validate(cls, hp):
     super().validate(hp)
-    require(0 < hp["alpha"] <= 1, "nnguide: alpha must be in (0, 1].")
+    check_number("nnguide", hp, "alpha", lo=0, hi=1, lo_open=True)
+    check_seed("nnguide", hp)
 
   def _fit(self, train, head):
     parts = []

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import (Detector, cdtype, energy, fc, log_max_softmax, log_softmax,
-                                   matmul, require)
+from fi_jax.detectors.core import (Detector, cdtype, check_choice, check_number, check_seed,
+                                   energy, fc, log_max_softmax, log_softmax, matmul, require)
 
 
 class MSP(Detector):
@@ -36,7 +36,7 @@ class Energy(Detector):
 
   @classmethod
   def validate(cls, hp):
-    require(hp["temperature"] > 0, "energy: temperature must be > 0.")
+    check_number("energy", hp, "temperature", lo=0, lo_open=True)
 
   def _score(self, state, features, logits):
     return energy(logits, self.hparams["temperature"])
@@ -98,8 +98,10 @@ class TempScale(Detector):
 
   @classmethod
   def validate(cls, hp):
-    require(0 < hp["t_min"] < hp["t_max"], "tempscale: need 0 < t_min < t_max.")
-    require(int(hp["max_rows"]) >= 1, "tempscale: max_rows must be >= 1.")
+    check_number("tempscale", hp, "t_min", lo=0, lo_open=True)
+    check_number("tempscale", hp, "t_max", lo=hp["t_min"], lo_open=True)
+    check_number("tempscale", hp, "max_rows", lo=1, integer=True)
+    check_seed("tempscale", hp)
 
   def _fit(self, train, head):
     sample = stats.RowSample(self.hparams["max_rows"], self.hparams["seed"], ("logits", "labels"))
@@ -134,8 +136,8 @@ class GEN(Detector):
 
   @classmethod
   def validate(cls, hp):
-    require(hp["gamma"] > 0, "gen: gamma must be > 0.")
-    require(int(hp["top_m"]) >= 1, "gen: top_m must be >= 1.")
+    check_number("gen", hp, "gamma", lo=0, lo_open=True)
+    check_number("gen", hp, "top_m", lo=1, integer=True)
 
   def _score(self, state, features, logits):
     logp = log_softmax(logits)
@@ -178,7 +180,7 @@ class KLMatching(Detector):
 
   @classmethod
   def validate(cls, hp):
-    require(hp["variant"] in ("ninco", "openood"), "klm: variant must be 'ninco' or 'openood'.")
+    check_choice("klm", hp, "variant", ("ninco", "openood"))
 
   def _fit(self, train, head):
     def sums():

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fi_jax.detectors.core import (Detector, fc, head_state, l2_normalize, log_max_softmax,
-                                   matmul, require)
+from fi_jax.detectors.core import (Detector, check_number, fc, head_state, l2_normalize,
+                                   log_max_softmax, matmul)
 
 
 class MCM(Detector):
@@ -17,7 +17,7 @@ class MCM(Detector):
 
   @classmethod
   def validate(cls, hp):
-    require(hp["temperature"] > 0, "mcm: temperature must be > 0.")
+    check_number("mcm", hp, "temperature", lo=0, lo_open=True)
 
   def _fit(self, train, head):
     return {"text": l2_normalize(fc(head_state(head)["w"]), axis=0)}
