@@ -7,6 +7,7 @@ import importlib.machinery
 import os
 import sys
 import types
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("NO_GCE_CHECK", "true")
@@ -106,8 +107,11 @@ def _main(argv):
   logging.set_verbosity(logging.WARNING)   # JAX's INFO lines (no TPU found, ...) are noise here
   distributed.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
                          flags.FLAGS.process_id)
+  warnings.simplefilter("once")   # a repeated warning (per batch, per detector) prints once
   try:
     run.run(flags.FLAGS.config, flags.FLAGS.workdir)
+  except KeyboardInterrupt:
+    sys.exit(130)   # run.run printed what the cache kept
   except (ValueError, FileNotFoundError) as e:
     # Bad input (unknown detector, missing checkpoint or dataset, ...): one clear line.
     # Finished work is already in the workdir's cache. FI_JAX_TRACEBACK=1 shows the trace.

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax import data, detectors, extract, metrics
+from fi_jax import data, detectors, extract, metrics, progress
 
 Log = Callable[[str], None]
 Arrays = dict[str, np.ndarray]
@@ -86,6 +86,7 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
                                      process_index=jax.process_index(),
                                      process_count=jax.process_count())
       log(f"{name}: {info.num_examples} examples, {steps} batches of {batch_size}")
+      it = progress.batches(it, info.num_examples_per_process[jax.process_index()], name)
       arrays = extract.extract(predict, params, it, mesh, input_scorers=scorers, steps=steps,
                                log=log)
       if save:

@@ -68,7 +68,7 @@ def test_pipeline_report_on_fake_fi_imagenet(fake_data_dir, tmp_path):
                                    group_key="ood_class_id")},
       detectors=("msp", "energy", "knn", "odin"), detector_preset="ninco",
       detector_hparams={"knn": {"k": 3}}, metrics=dict(n_bootstrap=20),
-      input_std=(0.5, 0.5, 0.5), x64=True, cache=True))
+      input_std=(0.5, 0.5, 0.5), x64=True, cache=True, random_init=True))
   results = run.run(c, str(tmp_path), log=lambda s: None)
   assert results["meta"]["set_sizes"] == {"id_fit": 24, "id_test": 24, "ood/fi_imagenet_1k": 10}
   assert [r["detector"] for r in results["rows"]] == ["msp", "energy", "knn", "odin"]
