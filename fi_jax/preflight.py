@@ -15,8 +15,11 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Optional
 
-# Sets that tfds_fi_imagenet builds (the others are TFDS's own, or not buildable here).
-_BUILD = "python -m tfds_fi_imagenet build {name} --manual_dir=DIR --data_dir={data_dir}"
+from absl import logging
+
+_BUILD = "python -m tfds_fi_imagenet build {name}{manual} --data_dir={data_dir}"
+_TFDS_BUILD = ("prepare it with TFDS: tfds.builder({name!r}, data_dir={data_dir!r})"
+               ".download_and_prepare()")
 _IMAGENET_BUILD = ("python -m tfds_fi_imagenet build imagenet2012 --manual_dir=DIR "
                    "--data_dir={data_dir}   (DIR holds ILSVRC2012_img_train.tar; see "
                    "docs/data.md, 'imagenet2012')")
@@ -59,14 +62,21 @@ def check_tfds_set(set_name: str, spec: Mapping) -> Optional[str]:
   """The problem with one tfds spec (not prepared, no such split, empty), or None."""
   # heavy (~1 s) and only for TFDS sets; the package import registers its builders
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  import tfds_fi_imagenet  # pylint: disable=g-import-not-at-top,unused-import
+  import tfds_fi_imagenet  # pylint: disable=g-import-not-at-top
   name, split = spec.get("name"), spec.get("split", "test")
   data_dir = spec.get("data_dir") or None
   where = data_dir or "the TFDS default data_dir (~/tensorflow_datasets)"
   dd = data_dir or "DIR"
   if not name:
     return f"{set_name}: a tfds set spec needs a 'name' (e.g. name='fi_imagenet_1k')."
-  build = (_IMAGENET_BUILD if name == "imagenet2012" else _BUILD).format(name=name, data_dir=dd)
+  base = name.split("/")[0].split(":")[0]
+  if base == "imagenet2012":
+    build = _IMAGENET_BUILD.format(data_dir=dd)
+  elif base in tfds_fi_imagenet.DATASETS:
+    manual = " --manual_dir=DIR" if tfds_fi_imagenet.DATASETS[base] else ""
+    build = _BUILD.format(name=base, manual=manual, data_dir=dd)
+  else:
+    build = _TFDS_BUILD.format(name=name, data_dir=dd)
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except Exception as e:  # pylint: disable=broad-except  (TFDS raises many kinds; one line)
@@ -90,24 +100,35 @@ def check_tfds_set(set_name: str, spec: Mapping) -> Optional[str]:
 def check_sets(specs: Mapping[str, Mapping]) -> list[str]:
   """Problems of every set spec ({set name: spec})."""
   problems = []
-  for set_name, spec in specs.items():
-    spec = dict(spec)
-    source = spec.get("source")
-    if source == "tfds":
-      p = check_tfds_set(set_name, spec)
-    elif source == "features":
-      path = spec.get("path", "")
-      p = (f"{set_name}: source='features' needs a 'path' (a .npz / .safetensors file or a "
-           "folder of .npy files)." if not path else
-           _readable(path, "feature file", "Point the spec's path at the arrays you extracted "
-                     "(see README, 'Your own features')."))
-    elif source == "digits" or source is None:
-      p = None if source else f"{set_name}: the set spec has no 'source' (digits, tfds, features)."
-    else:
-      p = f"{set_name}: unknown set source {source!r}; use 'digits', 'tfds' or 'features'."
-    if p:
-      problems.append(p)
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)   # TFDS warns per missing folder: the problems say it
+  try:
+    for set_name, spec in specs.items():
+      p = _check_set(set_name, dict(spec))
+      if p:
+        problems.append(p)
+  finally:
+    logging.set_verbosity(verbosity)
   return problems
+
+
+def _check_set(set_name: str, spec: dict) -> Optional[str]:
+  source = spec.get("source")
+  if source == "tfds":
+    p = check_tfds_set(set_name, spec)
+  elif source == "features":
+    path = spec.get("path", "")
+    p = (f"{set_name}: source='features' needs a 'path' (a .npz / .safetensors file or a "
+         "folder of .npy files)." if not path else
+         _readable(path, f"{set_name}: feature file", "Point the spec's path at the arrays you "
+                   "extracted (see README, 'Your own features')."))
+  elif source == "digits":
+    p = None
+  elif source is None:
+    p = f"{set_name}: the set spec has no 'source' (digits, tfds, features)."
+  else:
+    p = f"{set_name}: unknown set source {source!r}; use 'digits', 'tfds' or 'features'."
+  return p
 
 
 def check_model(config) -> list[str]:
