@@ -107,8 +107,11 @@ def _tfds_source(spec: dict, process_index: int, process_count: int):
     raise FileNotFoundError(
         f"TFDS dataset {name!r} is not prepared in {builder.data_dir}. Build it first: "
         f"python -m tfds_fi_imagenet build {name} --manual_dir=DIR --data_dir=DIR.")
-  if split not in builder.info.splits:
-    raise ValueError(f"{name} has no split {split!r}; it has {sorted(builder.info.splits)}.")
+  try:   # TFDS slicing too: 'train[:10%]', 'train[:50000]', 'train[50%:]'
+    builder.info.splits[split]  # pylint: disable=pointless-statement
+  except (KeyError, ValueError, AssertionError) as e:
+    raise ValueError(f"{name} has no split {split!r} ({e}); it has "
+                     f"{sorted(builder.info.splits)} (slices like 'train[:10%]' work too).") from None
   label_key, group_key = spec.get("label_key", "label"), spec.get("group_key")
   image_key = spec.get("image_key", "image")
   features = builder.info.features

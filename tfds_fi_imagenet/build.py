@@ -19,6 +19,7 @@ DATASETS = {
     "inaturalist_ood": False,
     "openimage_o": True,
     "textures_ood": False,
+    "imagenet2012": True,   # train split only, from ILSVRC2012_img_train.tar (imagenet2012_train.py)
 }
 
 
@@ -28,6 +29,9 @@ def builder_class(name: str) -> type:
     raise common.UsageError(f"Unknown dataset {name!r}; this package builds: "
                      f"{', '.join(sorted(DATASETS))}.")
   import tfds_fi_imagenet  # pylint: disable=g-import-not-at-top,unused-import  (registers)
+  if name == "imagenet2012":   # TFDS's own dataset, prepared from the train tar alone
+    from tfds_fi_imagenet import imagenet2012_train  # pylint: disable=g-import-not-at-top
+    return imagenet2012_train.ImagenetTrainBuilder
   return tfds.builder_cls(name)
 
 
