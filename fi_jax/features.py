@@ -20,9 +20,8 @@ from typing import Mapping, Optional
 
 import jax.numpy as jnp
 import numpy as np
-from safetensors import numpy as st_numpy
-
 from fi_jax import outputs
+from fi_jax.models.convert import readers
 
 _KEYS = ("features", "logits", "label", "group")
 
@@ -40,7 +39,7 @@ def _read(path: str, keys, prefix: str = "") -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as z:
       return {k: z[prefix + k] for k in keys if prefix + k in z.files}
   if path.endswith(".safetensors"):
-    arrays = st_numpy.load_file(path)
+    arrays = readers.load_safetensors(path)
     return {k: arrays[prefix + k] for k in keys if prefix + k in arrays}
   if path.endswith(".npy"):
     raise ValueError(f"{path}: one .npy holds one array; give a folder of features.npy, "

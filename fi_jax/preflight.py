@@ -17,6 +17,9 @@ from typing import Any, Mapping, Optional
 
 from absl import logging
 
+from fi_jax.models import releases
+from fi_jax.models.convert import readers
+
 _BUILD = "python -m tfds_fi_imagenet build {name}{manual} --data_dir={data_dir}"
 _TFDS_BUILD = ("prepare it with TFDS: tfds.builder({name!r}, data_dir={data_dir!r})"
                ".download_and_prepare()")
@@ -139,8 +142,12 @@ def check_model(config) -> list[str]:
   random_init = bool(_get(config, "random_init", False))
   label = _get(config, "model_label", "") or _get(config, "model_name", "")
   if ckpt:
-    p = _readable(ckpt, "checkpoint", "Download it (fi_jax.models.releases names the source "
-                  "of every release) and pass its local path, e.g. --config=configs/X.py:ckpt=PATH.")
+    # vanity / release names resolve to a file in $FI_JAX_CHECKPOINT_DIR; 'file.npz:sub/key'
+    path, hint = releases.resolve_vanity(ckpt, {**releases.VANITY_NAMES,
+                                                **releases.SIGLIP_RELEASES})
+    path = readers.split_subkey(path)[0]
+    p = _readable(path, "checkpoint", f"{hint} (config argument ckpt=PATH; release names are "
+                  f"looked up in ${releases.CHECKPOINT_DIR_ENV}.)")
     if p:
       problems.append(p)
   elif not train and not random_init:
@@ -148,7 +155,17 @@ def check_model(config) -> list[str]:
         f"model {label}: no checkpoint (model_init / the config's ckpt= argument) and no "
         "training: the run would use random weights.\nPass ckpt=PATH, or random_init=True "
         "(config argument or --config.random_init=True) if random weights are what you want.")
+  head_file = _as_dict(_get(config, "model_load", {})).get("head")
+  if head_file:
+    p = _readable(head_file, "head file", "Download the model's linear head and pass its path "
+                  "(e.g. configs/dinov2.py:head=PATH).")
+    if p:
+      problems.append(p)
   zs = _as_dict(_get(config, "zero_shot", {}))
+  if _get(config, "model_name", "") == "two_towers" and not zs.get("tokenizer"):
+    problems.append("SigLIP needs its SentencePiece tokenizer: config argument tokenizer=PATH "
+                    "(SigLIP 2: gs://big_vision/gemma_tokenizer.model; SigLIP: "
+                    "gs://t5-data/vocabs/cc_en.32000/sentencepiece.model).")
   for key, what in (("tokenizer", "tokenizer"), ("vocab_path", "CLIP vocabulary")):
     if zs.get(key):
       p = _readable(zs[key], what, f"Download it and set config.zero_shot.{key} to its path.")

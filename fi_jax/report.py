@@ -37,7 +37,6 @@ from typing import Any, Mapping, Optional, Sequence
 
 import matplotlib
 import numpy as np
-from scipy import stats as sstats
 
 matplotlib.use("Agg")   # files only; never a display
 from matplotlib import pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
@@ -371,7 +370,9 @@ def load_scores(workdir: str, set_name: str) -> dict[str, np.ndarray]:
 def auroc(id_scores: np.ndarray, ood_scores: np.ndarray) -> float:
   """P(s_id > s_ood) + 1/2 P(tie) (Mann-Whitney), the same value as fi_jax.metrics'."""
   n_id, n_ood = len(id_scores), len(ood_scores)
-  ranks = sstats.rankdata(np.concatenate([id_scores, ood_scores]))
+  _, inverse, counts = np.unique(np.concatenate([id_scores, ood_scores]), return_inverse=True,
+                                 return_counts=True)
+  ranks = (np.cumsum(counts) - (counts - 1) / 2.0)[inverse]   # average ranks of ties, 1-based
   return float((ranks[:n_id].sum() - n_id * (n_id + 1) / 2) / (n_id * n_ood))
 
 
