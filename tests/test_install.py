@@ -12,7 +12,7 @@ from fi_jax import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The example of docs/models.md ("A model outside fi_jax"), verbatim.
+# The example of docs/usage.md ("A model outside fi_jax"), verbatim.
 MY_MLP = '''
 """my_pkg/my_mlp.py: a model family outside fi_jax (--config.model_name=my_pkg.my_mlp)."""
 import flax
@@ -43,7 +43,7 @@ def test_model_module_by_dotted_path(tmp_path, monkeypatch):
   (tmp_path / "my_pkg").mkdir()
   (tmp_path / "my_pkg" / "__init__.py").write_text("")
   (tmp_path / "my_pkg" / "my_mlp.py").write_text(MY_MLP)
-  with open(os.path.join(ROOT, "docs", "models.md")) as f:
+  with open(os.path.join(ROOT, "docs", "usage.md")) as f:
     assert MY_MLP.strip().split("\n", 1)[1] in f.read()   # the documented example is this one
   monkeypatch.syspath_prepend(str(tmp_path))
   c = demo.get_config("quick")

@@ -1,0 +1,35 @@
+"""CLIP (OpenAI or OpenCLIP weights) zero-shot on Fi-ImageNet-1k and the ImageNet OOD sets.
+
+  python main.py --config=configs/clip.py:name=openai-B/16,ckpt=/ckpts/open_clip_model.safetensors,data_dir=/tfds
+
+Needs: the OpenCLIP state dict of the checkpoint `name` (open_clip_model.safetensors, or
+open_clip_pytorch_model.bin read with torch.load(weights_only=True)); where to download each is
+in fi_jax.models.releases.CLIP_CHECKPOINTS. The BPE vocabulary defaults to the copy inside an installed
+open_clip (`vocab=` points elsewhere). Datasets as for configs/vit.py. Features are the
+normalised image embeddings; the head is the zero-shot head of OpenAI's 80 prompts.
+"""
+import ml_collections
+
+from configs import common
+from fi_jax import preprocess
+from fi_jax.models import releases
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, name="openai-B/16", ckpt="", vocab="", **common.IMAGENET_ARGS)
+  if arg.name not in releases.CLIP_CHECKPOINTS:
+    raise ValueError(f"Unknown CLIP checkpoint {arg.name!r}; known: {sorted(releases.CLIP_CHECKPOINTS)}.")
+  model_kw, _, pp = releases.CLIP_CHECKPOINTS[arg.name]
+  res = model_kw.get("image_size", 224)
+  c = common.base_config()
+  c.model_name = "clip"
+  c.model_label = f"clip-{arg.name}"
+  c.model = ml_collections.ConfigDict(model_kw)
+  c.model_init = arg.ckpt
+  c.init_shape = (1, res, res, 3)
+  c.pp = pp
+  c.input_std = preprocess.CLIP_STD
+  c.zero_shot = ml_collections.ConfigDict(dict(batch_size=256))
+  if arg.vocab:
+    c.zero_shot.vocab_path = arg.vocab
+  return common.imagenet_benchmark(c, arg)

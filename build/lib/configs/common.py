@@ -1,0 +1,119 @@
+"""Pieces shared by the configs: the pipeline's defaults and arg parsing."""
+from __future__ import annotations
+
+import ml_collections
+
+from fi_jax import detectors
+
+# The detectors that need only logits/features of a classifier and fit in seconds; configs
+# extend this list (see fi_jax.detectors.names() for all).
+LOGIT_DETECTORS = ("msp", "maxlogit", "energy")
+
+
+def posthoc_detectors(odin: bool = False) -> tuple[str, ...]:
+  """Every registered detector; ODIN (three passes through the network) only on request."""
+  return tuple(n for n in detectors.names() if odin or n != "odin")
+
+
+def parse_arg(arg: str | None, **defaults):
+  """'k=v,k2=v2' -> ConfigDict over `defaults` (types follow the defaults; bare 'k' = True)."""
+  out = ml_collections.ConfigDict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    k, eq, v = item.partition("=")
+    if k not in defaults:
+      raise ValueError(f"Unknown config argument {k!r}; known: {sorted(defaults)}.")
+    d = defaults[k]
+    if not eq:
+      v = True
+    elif isinstance(d, bool):
+      if v.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"Config argument {k} expects a bool, got {v!r}.")
+      v = v.lower() in ("true", "1")
+    elif d is not None:
+      v = type(d)(v)
+    out[k] = v
+  return out
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Fields every config has; see README.md ("Configs") for what each means."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model_name = "vit"            # module under fi_jax/models/
+  c.model_label = ""              # name in the report rows (default: model_name)
+  c.model = ml_collections.ConfigDict()
+  c.model_init = ""               # checkpoint path ('' = train (demo) or random_init)
+  c.random_init = False           # True: no checkpoint is intended (random weights; the report says so)
+  c.model_load = ml_collections.ConfigDict()
+  c.zero_shot = ml_collections.ConfigDict()   # two-tower models: tokenizer, templates, class names
+  c.init_shape = (1, 224, 224, 3)
+  c.train = ml_collections.ConfigDict()   # empty = no training (released checkpoints)
+  c.pp = "decode|resize_small(256)|central_crop(224)|value_range(-1, 1)"
+  c.input_std = (0.5, 0.5, 0.5)   # model-input std per [0, 1] pixel unit (ODIN's step size)
+  c.batch_size = 256
+  c.id_name = "imagenet"
+  c.id_fit = ml_collections.ConfigDict()
+  c.id_test = ml_collections.ConfigDict()
+  c.ood = ml_collections.ConfigDict()
+  c.ood_order = ()                # OOD set names in report order (ConfigDict sorts c.ood's keys)
+  c.detectors = tuple(LOGIT_DETECTORS)   # a tuple, so --config.detectors="('msp',)" works
+  c.detector_preset = "ninco"     # 'ninco' | 'openood' | '' (paper defaults)
+  c.detector_hparams = ml_collections.ConfigDict()
+  c.metrics = ml_collections.ConfigDict(dict(tpr=0.95, n_bootstrap=0, per_group=True))
+  # results.md: rows sorted by `sort_by` on OOD set `sort_set` ('' = fi_imagenet_1k, else the
+  # first OOD set); plots of the `plot_top` best detectors into <workdir>/plots/.
+  c.report = ml_collections.ConfigDict(dict(sort_by="fpr95", sort_set="", plots=True,
+                                            plot_top=5))
+  c.x64 = True
+  c.cache = True
+  return c
+
+
+# The OOD test sets fi_jax builds with tfds_fi_imagenet (see README "Datasets"), in report order.
+OOD_SETS = ("fi_imagenet_1k", "ninco", "ssb_hard", "inaturalist_ood", "openimage_o",
+            "textures_ood")
+
+# The config args (`--config=configs/x.py:k=v,...`) every ImageNet benchmark config takes,
+# read by `imagenet_benchmark`: where the TFDS sets are, which OOD sets ('+'-separated), images
+# per class of the fit set (0 = all), ODIN on/off, the detector preset, the global batch size,
+# random_init (run without a checkpoint on purpose: random weights, said in the report).
+IMAGENET_ARGS = dict(data_dir="", ood="+".join(OOD_SETS), fit_per_class=0, odin=False,
+                     preset="ninco", batch_size=256, random_init=False)
+
+
+def imagenet_sets(c: ml_collections.ConfigDict, *, data_dir: str = "", ood_sets=OOD_SETS,
+                  fit_split: str = "train", fit_per_class: int = 0) -> None:
+  """ID fit = imagenet2012 train (optionally `fit_per_class` images per class),
+  ID test = Fi-ImageNet-1k `id` (val minus its 655 OOD and 980 ambiguous images),
+  OOD = the Fi-ImageNet-1k `ood` split and the other ImageNet OOD sets."""
+  dd = data_dir
+  c.id_name = "fi_imagenet_1k/id"
+  c.id_fit = ml_collections.ConfigDict(dict(
+      source="tfds", name="imagenet2012", split=fit_split, data_dir=dd,
+      per_class=fit_per_class))
+  c.id_test = ml_collections.ConfigDict(dict(
+      source="tfds", name="fi_imagenet_1k", split="id", data_dir=dd))
+  specs = {}
+  for name in ood_sets:
+    if name == "fi_imagenet_1k":
+      specs[name] = dict(source="tfds", name=name, split="ood", data_dir=dd, label_key=None,
+                         group_key="ood_class_id")
+    else:
+      specs[name] = dict(source="tfds", name=name, split="test", data_dir=dd, label_key=None,
+                         group_key="ood_class_id")
+  c.ood = ml_collections.ConfigDict(specs)
+  c.ood_order = tuple(ood_sets)
+
+
+def imagenet_benchmark(c: ml_collections.ConfigDict, arg) -> ml_collections.ConfigDict:
+  """The part every ImageNet benchmark config shares: batch size, the sets
+  (`imagenet_sets`) and the post-hoc detectors, from the `IMAGENET_ARGS` in `arg`."""
+  c.batch_size = arg.batch_size
+  imagenet_sets(c, data_dir=arg.data_dir, ood_sets=tuple(arg.ood.split("+")),
+                fit_per_class=arg.fit_per_class)
+  c.detectors = posthoc_detectors(arg.odin)
+  c.detector_preset = arg.preset
+  c.random_init = arg.random_init
+  if arg.random_init and not c.model_init:
+    c.model_label += " (random init)"
+  return c

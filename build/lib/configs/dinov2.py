@@ -1,0 +1,32 @@
+"""DINOv2 with its linear ImageNet head on Fi-ImageNet-1k and the ImageNet OOD sets.
+
+  python main.py --config=configs/dinov2.py:variant=B/14,ckpt=/ckpts/dinov2_vitb14_pretrain.pth,head=/ckpts/dinov2_vitb14_linear4_head.pth,data_dir=/tfds
+
+Needs: the backbone (`ckpt`) and linear head (`head`) files from
+https://dl.fbaipublicfiles.com/dinov2/ (dinov2_vit{s,b,l,g}14[_reg4]_pretrain.pth and
+..._linear4_head.pth; `layers=1` for ..._linear_head.pth), read with torch.load(weights_only=True)
+or as safetensors; `registers=4` for the _reg4 models. Datasets as for configs/vit.py.
+Features (`pre_logits`) are the head's input: 5*D for the 4-layer head, 2*D for the 1-layer one.
+"""
+import ml_collections
+
+from configs import common
+from fi_jax import preprocess
+from fi_jax.models import releases
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, variant="B/14", registers=0, layers=4, ckpt="", head="",
+                         **common.IMAGENET_ARGS)
+  c = common.base_config()
+  c.model_name = "dinov2"
+  c.model_label = f"dinov2-{arg.variant}" + ("-reg" if arg.registers else "")
+  c.model = ml_collections.ConfigDict(dict(
+      num_classes=1000, variant=arg.variant, num_registers=arg.registers,
+      head_layers=arg.layers))
+  c.model_init = arg.ckpt
+  c.model_load = ml_collections.ConfigDict(dict(head=arg.head)) if arg.head else c.model_load
+  c.init_shape = (1, 224, 224, 3)
+  c.pp = releases.DINOV2_PP
+  c.input_std = preprocess.IMAGENET_STD
+  return common.imagenet_benchmark(c, arg)

@@ -1,0 +1,30 @@
+"""A big_vision / AugReg / timm ViT classifier on Fi-ImageNet-1k and the ImageNet OOD sets.
+
+  python main.py --config=configs/vit.py:ckpt=/ckpts/B_16-i21k-300ep-...-res_224.npz,data_dir=/tfds
+
+Needs: the checkpoint file (`ckpt`, a big_vision/AugReg .npz or a timm ViT .safetensors; e.g.
+gs://vit_models/augreg/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_224.npz)
+and, in `data_dir`, the prepared TFDS sets: imagenet2012 (train, the detectors' fit set; TFDS's
+own builder with the manual tar), fi_imagenet_1k, ninco, ssb_hard, inaturalist_ood,
+openimage_o, textures_ood (python -m tfds_fi_imagenet build ...). Drop OOD sets you have not
+built with `ood=fi_imagenet_1k+ninco`.
+"""
+import ml_collections
+
+from configs import common
+
+
+def get_config(arg=None):
+  arg = common.parse_arg(arg, ckpt="", variant="B/16", pool="tok", res=224, rep_size=0,
+                         timm_gelu=False, **common.IMAGENET_ARGS)
+  c = common.base_config()
+  c.model_name = "vit"
+  c.model_label = f"vit-{arg.variant}"
+  c.model = ml_collections.ConfigDict(dict(
+      num_classes=1000, variant=arg.variant, pool_type=arg.pool, rep_size=arg.rep_size or False,
+      act="gelu_exact" if arg.timm_gelu else "gelu"))
+  c.model_init = arg.ckpt
+  c.init_shape = (1, arg.res, arg.res, 3)
+  # vit_jax / AugReg evaluation: squash resize to the resolution, values in [-1, 1].
+  c.pp = f"decode|resize({arg.res})|value_range(-1, 1)"
+  return common.imagenet_benchmark(c, arg)

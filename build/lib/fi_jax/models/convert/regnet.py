@@ -1,0 +1,40 @@
+"""torchvision RegNet state dicts -> fi_jax.models.regnet params.
+
+torchvision names: `stem.{0,1}` (conv, BN), `trunk_output.block{s}.block{s}-{i}.` +
+`proj.{0,1}` (shortcut conv, BN), `f.{a,b,c}.{0,1}` (conv, BN), `f.se.fc{1,2}` (1x1 convs
+with bias), and `fc`. Flax: stem_conv / stem_bn, block{s}_{i}/{proj,a,b,c}_{conv,bn},
+block{s}_{i}/se/fc{1,2}, head. Leaves as in convert.resnet.torch_leaf.
+"""
+from __future__ import annotations
+
+import re
+from typing import Mapping, Optional
+
+import numpy as np
+
+from fi_jax.models.convert import resnet as convert_resnet
+
+_LAYER = {"0": "conv", "1": "bn"}
+
+
+def _module(module: str, leaf: str, v: np.ndarray) -> Optional[str]:
+  del leaf, v
+  if m := re.fullmatch(r"stem\.([01])", module):
+    return f"stem_{_LAYER[m[1]]}"
+  if module == "fc":
+    return "head"
+  m = re.fullmatch(r"trunk_output\.block(\d)\.block(\d)-(\d+)\.(.+)", module)
+  if not m or m[1] != m[2]:
+    return None
+  block, sub = f"block{m[1]}_{m[3]}", m[4]
+  if s := re.fullmatch(r"(proj|f\.a|f\.b|f\.c)\.([01])", sub):
+    return f"{block}/{s[1].removeprefix('f.')}_{_LAYER[s[2]]}"
+  if s := re.fullmatch(r"f\.se\.(fc[12])", sub):
+    return f"{block}/se/{s[1]}"
+  return None
+
+
+def convert(sd: Mapping[str, np.ndarray], source: str = "checkpoint",
+            hint: str = "") -> dict[str, np.ndarray]:
+  """torchvision RegNet state dict -> flat {flax path: array}."""
+  return convert_resnet.convert_with(sd, _module, "torchvision RegNet", source, hint)

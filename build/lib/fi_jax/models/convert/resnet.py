@@ -1,0 +1,90 @@
+"""torchvision / timm ResNet state dicts -> fi_jax.models.resnet params.
+
+Both libraries name the tensors alike: `conv1` / `bn1` (timm's deep stem: `conv1.{0,1,3,4,6}`
+= conv, BN, conv, BN, conv), `layer{s}.{b}.{conv,bn}{1,2,3}`, `layer{s}.{b}.downsample.{i}`
+(torchvision: 0 = conv, 1 = BN; timm avg_down: 0 = the pool, 1 = conv, 2 = BN) and `fc`.
+The module path is mapped by a table; each tensor's leaf by `torch_leaf` (shared with the
+RegNet / ResNetV2 converters): conv [O, I, kh, kw] -> kernel [kh, kw, I, O], Linear [O, I] ->
+[I, O], BN weight / bias / running_mean / running_var -> scale / bias / mean / var.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from fi_jax.models import checkpoints
+
+CheckpointError = checkpoints.CheckpointError
+
+_NORM_LEAVES = {"weight": "scale", "bias": "bias", "running_mean": "mean", "running_var": "var"}
+_SKIPPED_LEAVES = ("num_batches_tracked",)
+
+
+def torch_leaf(leaf: str, v: np.ndarray) -> Optional[tuple[str, np.ndarray]]:
+  """One torch parameter of a Conv2d / Linear / BatchNorm / GroupNorm -> (flax leaf, array);
+  None for a leaf none of them has."""
+  v = np.asarray(v)
+  if leaf == "weight" and v.ndim == 4:
+    return "kernel", np.transpose(v, (2, 3, 1, 0))
+  if leaf == "weight" and v.ndim == 2:
+    return "kernel", v.T
+  if leaf in _NORM_LEAVES and v.ndim == 1:
+    return _NORM_LEAVES[leaf], v
+  return None
+
+
+def convert_with(sd: Mapping[str, np.ndarray], module_map: Callable[[str, str, np.ndarray],
+                                                                   Optional[str]],
+                 family: str, source: str, hint: str) -> dict[str, np.ndarray]:
+  """{torch key: array} -> {flax path: array}; `module_map(module, leaf, value)` gives the
+  flax module path of a torch module (None: not part of the model -> CheckpointError)."""
+  flat = {}
+  for key, v in sd.items():
+    module, _, leaf = key.rpartition(".")
+    if leaf in _SKIPPED_LEAVES:
+      continue
+    target = module_map(module, leaf, np.asarray(v))
+    conv = torch_leaf(leaf, v) if target is not None else None
+    if conv is None:
+      raise CheckpointError(
+          f"{source}: unexpected key {key!r} (shape {tuple(np.shape(v))}) for a {family} "
+          f"checkpoint (wrong file or model family?). {hint}".strip())
+    flat[f"{target}/{conv[0]}"] = conv[1]
+  return flat
+
+
+def merge(flat: Mapping[str, np.ndarray], init_params: Mapping[str, Any], source: str,
+          hint: str, dont_load: Sequence[str] = ()) -> dict:
+  """Converted arrays onto the init tree; a model without "head" ignores the file's head.
+  Missing / unexpected / wrong-shaped keys raise CheckpointError (checkpoints.merge_params)."""
+  if "head" not in init_params:
+    flat = {k: v for k, v in flat.items() if not k.startswith("head/")}
+  return checkpoints.merge_params(checkpoints.recover_tree(dict(flat)), init_params, dont_load,
+                                  source=source, hint=hint)
+
+
+_STEM = {"conv1": "conv1", "bn1": "bn1", "conv1.0": "stem_conv1", "conv1.1": "stem_bn1",
+         "conv1.3": "stem_conv2", "conv1.4": "stem_bn2", "conv1.6": "conv1", "fc": "head"}
+_BLOCK_LAYERS = ("conv1", "bn1", "conv2", "bn2", "conv3", "bn3")
+
+
+def _module(module: str, leaf: str, v: np.ndarray) -> Optional[str]:
+  if module in _STEM:
+    return _STEM[module]
+  m = re.fullmatch(r"layer([1-4])\.(\d+)\.(.+)", module)
+  if not m:
+    return None
+  block, sub = f"layer{m[1]}_{m[2]}", m[3]
+  if sub in _BLOCK_LAYERS:
+    return f"{block}/{sub}"
+  if re.fullmatch(r"downsample\.[0-2]", sub):   # conv or BN, told apart by the tensor
+    return f"{block}/downsample_{'conv' if leaf == 'weight' and v.ndim == 4 else 'bn'}"
+  return None
+
+
+def convert(sd: Mapping[str, np.ndarray], source: str = "checkpoint",
+            hint: str = "") -> dict[str, np.ndarray]:
+  """torchvision / timm ResNet state dict -> flat {flax path: array}."""
+  return convert_with(sd, _module, "ResNet", source, hint)

@@ -1,0 +1,165 @@
+"""ConvNeXt (v1) in Flax, loading torchvision's and timm's ImageNet weights.
+
+`Model(1000, variant="convnext_tiny")` builds: a 4x4/4 patchify conv + LayerNorm stem, four
+stages of ConvNeXt blocks (depthwise 7x7 conv -> LayerNorm -> Linear 4x -> exact GELU -> Linear
+-> per-channel layer scale, plus the residual) with a LayerNorm + 2x2/2 conv between stages,
+then global average pooling, a LayerNorm and the linear `head`. torchvision's and timm's models
+compute the same function (LayerNorm eps 1e-6 everywhere) under different parameter names;
+`load` reads either layout.
+
+`apply({"params": p}, images_nhwc)` returns `(logits, out)`: out["pre_logits"] is the
+normalised pooled feature the head reads (torchvision: the classifier Linear's input; timm:
+`forward_head(x, pre_logits=True)`); out["stem"] and out["stage0".."stage3"] are NHWC maps.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fi_jax.models.convert import readers
+from fi_jax.models.convert import convnext as convert
+
+# variant: module keyword arguments (ConvNeXt paper, Table 9; same in torchvision and timm).
+ARCHS: dict[str, dict] = {
+    "convnext_tiny": dict(depths=(3, 3, 9, 3), dims=(96, 192, 384, 768)),
+    "convnext_small": dict(depths=(3, 3, 27, 3), dims=(96, 192, 384, 768)),
+    "convnext_base": dict(depths=(3, 3, 27, 3), dims=(128, 256, 512, 1024)),
+    "convnext_large": dict(depths=(3, 3, 27, 3), dims=(192, 384, 768, 1536)),
+}
+
+_MEAN_STD = "vgg_value_range"   # ImageNet mean / std on [0, 1] pixels
+
+
+def _tv_pp(resize: int) -> str:
+  # torchvision ImageClassification: Resize(resize, bilinear, antialias) + CenterCrop(224).
+  return (f"decode|resize_small({resize}, method='bilinear', antialias=True)|central_crop(224)|"
+          f"{_MEAN_STD}")
+
+
+def _timm_pp(size: int, crop_pct: float) -> str:
+  # timm eval transform: bicubic (PIL, antialiased) resize of the short side to
+  # floor(size / crop_pct), centre crop; crop_pct 1.0 'squash' resizes both sides to `size`.
+  if crop_pct == 1.0:
+    return (f"decode|resize({size}, method='bicubic', antialias=True)|central_crop({size})|"
+            f"{_MEAN_STD}")
+  return (f"decode|resize_small({int(size / crop_pct)}, method='bicubic', antialias=True)|"
+          f"central_crop({size})|{_MEAN_STD}")
+
+
+def _pretrained() -> dict[str, dict]:
+  table = {}
+  tv = {"tiny": ("983f1562", 236), "small": ("0c510722", 230), "base": ("6075fbad", 232),
+        "large": ("ea097f82", 232)}
+  for size, (sha, resize) in tv.items():
+    table[f"torchvision/convnext_{size}.IMAGENET1K_V1"] = dict(
+        variant=f"convnext_{size}", source="torchvision", num_classes=1000, pp=_tv_pp(resize),
+        input_size=224, url=f"https://download.pytorch.org/models/convnext_{size}-{sha}.pth")
+  fb = "https://dl.fbaipublicfiles.com/convnext/convnext_{}_{}.pth"
+  for size in ("tiny", "small", "base", "large"):
+    for tag, res, crop, classes, file in (
+        ("fb_in1k", 224, 0.875, 1000, "1k_224_ema"),
+        ("fb_in22k_ft_in1k", 224, 0.875, 1000, "22k_1k_224"),
+        ("fb_in22k_ft_in1k_384", 384, 1.0, 1000, "22k_1k_384"),
+        ("fb_in22k", 224, 0.875, 21841, "22k_224")):
+      table[f"timm/convnext_{size}.{tag}"] = dict(
+          variant=f"convnext_{size}", source="timm", num_classes=classes,
+          pp=_timm_pp(res, crop), input_size=res,
+          url=f"https://huggingface.co/timm/convnext_{size}.{tag}/resolve/main/model.safetensors",
+          original_url=fb.format(size, file))
+  for size in ("tiny", "small"):
+    for tag, res, crop in (("in12k_ft_in1k", 224, 0.95), ("in12k_ft_in1k_384", 384, 1.0)):
+      table[f"timm/convnext_{size}.{tag}"] = dict(
+          variant=f"convnext_{size}", source="timm", num_classes=1000,
+          pp=_timm_pp(res, crop), input_size=res,
+          url=f"https://huggingface.co/timm/convnext_{size}.{tag}/resolve/main/model.safetensors")
+  return table
+
+
+# Published weights: torchvision's IMAGENET1K_V1 and timm's fb_* / in12k tags (pp from
+# torchvision's weights `transforms` and timm's pretrained_cfg: crop_pct, bicubic, mean/std).
+PRETRAINED: dict[str, dict] = _pretrained()
+
+
+def _layer_norm(name: str, eps: float) -> nn.LayerNorm:
+  # Two-pass variance as torch computes it; always in float32.
+  return nn.LayerNorm(epsilon=eps, use_fast_variance=False, dtype=jnp.float32, name=name)
+
+
+class Block(nn.Module):
+  """dwconv 7x7 -> LayerNorm -> Dense 4x -> GELU (exact) -> Dense -> layer scale, + input."""
+  dim: int
+  eps: float = 1e-6
+  dtype: Any = jnp.float32
+  precision: Any = jax.lax.Precision.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.Conv(self.dim, (7, 7), padding=3, feature_group_count=self.dim, dtype=self.dtype,
+                precision=self.precision, name="dwconv")(x)
+    y = _layer_norm("norm", self.eps)(y).astype(self.dtype)
+    y = nn.Dense(4 * self.dim, dtype=self.dtype, precision=self.precision, name="fc1")(y)
+    y = nn.gelu(y, approximate=False)
+    y = nn.Dense(self.dim, dtype=self.dtype, precision=self.precision, name="fc2")(y)
+    scale = self.param("layer_scale", nn.initializers.constant(1e-6), (self.dim,), jnp.float32)
+    return x + (scale.astype(self.dtype) * y)
+
+
+class _Model(nn.Module):
+  """ConvNeXt v1; the param tree is the same whichever library the weights come from."""
+  num_classes: Optional[int] = 1000
+  depths: Sequence[int] = (3, 3, 9, 3)
+  dims: Sequence[int] = (96, 192, 384, 768)
+  eps: float = 1e-6
+  dtype: str = "float32"
+  precision: Any = jax.lax.Precision.HIGHEST
+
+  @nn.compact
+  def __call__(self, image, *, train: bool = False):
+    del train   # inference only: no stochastic depth
+    dt = jnp.dtype(self.dtype)
+    kw = dict(dtype=dt, precision=self.precision)
+    out = {}
+    x = nn.Conv(self.dims[0], (4, 4), strides=(4, 4), padding="VALID", name="stem", **kw)(
+        jnp.asarray(image, dt))
+    x = out["stem"] = _layer_norm("stem_norm", self.eps)(x).astype(dt)
+    for i, (depth, dim) in enumerate(zip(self.depths, self.dims)):
+      if i > 0:
+        x = _layer_norm(f"downsample{i}_norm", self.eps)(x).astype(dt)
+        x = nn.Conv(dim, (2, 2), strides=(2, 2), padding="VALID", name=f"downsample{i}", **kw)(x)
+      for j in range(depth):
+        x = Block(dim, self.eps, name=f"stage{i}_block{j}", **kw)(x)
+      out[f"stage{i}"] = x
+    x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+    x = out["pre_logits"] = _layer_norm("head_norm", self.eps)(x)
+    if self.num_classes:
+      x = out["logits"] = nn.Dense(self.num_classes, name="head", **kw)(x.astype(dt)).astype(
+          jnp.float32)
+    return x, out
+
+
+def _arch(variant: str) -> dict:
+  name = variant.split(".")[0]   # timm names may carry a pretrained tag: convnext_tiny.fb_in1k
+  if name not in ARCHS:
+    raise ValueError(f"Unknown ConvNeXt variant {variant!r}; known: {sorted(ARCHS)}.")
+  return ARCHS[name]
+
+
+def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> _Model:  # pylint: disable=invalid-name
+  """`Model(1000, variant="convnext_tiny")`; `kw` overrides ARCHS (depths, dims, dtype...).
+  A `source` key (which layout `load` reads) is accepted and ignored: both compute the same."""
+  kw.pop("source", None)
+  return _Model(num_classes, **{**_arch(variant), **kw})
+
+
+def load(init_params, init_file: str, model_cfg: Optional[Mapping] = None) -> dict:
+  """torchvision (features.* / classifier.*) or timm (stem.* / stages.* / head.*) ConvNeXt
+  weights from .pth or .safetensors onto `init_params` (arrays or ShapeDtypeStructs).
+
+  The layout is read off the keys unless `model_cfg["source"]` says "torchvision" / "timm".
+  """
+  sd = readers.read_state_dict(init_file, hint=convert.HINT)
+  return convert.convert(sd, init_params, source=(model_cfg or {}).get("source"),
+                         file=init_file)

@@ -1,0 +1,434 @@
+"""EfficientNet (B0-B7) and EfficientNetV2 (S/M/L) as in torchvision and timm, in Flax.
+
+One module covers both libraries: a stem conv, stages of blocks, a 1x1 head conv, global
+average pooling and the `head` Dense. The blocks use timm's vocabulary (torchvision builds the
+same four kinds under other names):
+
+  'ds' depthwise-separable  conv_dw(k, s) bn1 act | se | conv_pw bn2   (MBConv, expand 1)
+  'ir' inverted residual    conv_pw bn1 act | conv_dw(k, s) bn2 act | se | conv_pwl bn3  (MBConv)
+  'er' edge residual        conv_exp(k, s) bn1 act | se | conv_pwl bn2   (FusedMBConv)
+  'cn' conv-bn-act          conv(k, s) bn1 act   (FusedMBConv, expand 1)
+
+with a residual when the block keeps stride 1 and width (and, for 'cn', when asked). Each
+variant's block list comes from the libraries' architecture tables (below) and their width /
+depth rounding; `ARCHS` holds the result. timm's `tf_` ports pad like TensorFlow ("SAME":
+asymmetric, input-size dependent) and use BatchNorm eps 1e-3; torchvision uses eps 1e-5 for
+B0-B4 and 1e-3 for B5-B7 and V2.
+
+BatchNorm runs on the stored running statistics, which live in `params` (`scale`, `bias`,
+`mean`, `var`). `apply({'params': p}, images_nhwc)` returns `(logits, out)` with
+`out['pre_logits']` the pooled features fed to the classifier.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fi_jax.models import checkpoints
+from fi_jax.models.convert import readers
+from fi_jax.models.convert import efficientnet as convert
+
+# One block: (kind, kernel, stride, in_chs, mid_chs, out_chs, se_chs, residual).
+Block = tuple
+
+
+# ----------------------------------------------------------------------------- architectures
+
+def make_divisible(v: float, divisor: int = 8, round_limit: float = 0.9) -> int:
+  """Nearest multiple of `divisor` (at least `divisor`), never below round_limit * v."""
+  new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
+  return new_v + divisor if new_v < round_limit * v else new_v
+
+
+# torchvision rows: (fused, expand_ratio, kernel, stride, in_chs, out_chs, num_layers).
+_TV_B = ((0, 1, 3, 1, 32, 16, 1), (0, 6, 3, 2, 16, 24, 2), (0, 6, 5, 2, 24, 40, 2),
+         (0, 6, 3, 2, 40, 80, 3), (0, 6, 5, 1, 80, 112, 3), (0, 6, 5, 2, 112, 192, 4),
+         (0, 6, 3, 1, 192, 320, 1))
+_TV_V2 = {
+    "s": ((1, 1, 3, 1, 24, 24, 2), (1, 4, 3, 2, 24, 48, 4), (1, 4, 3, 2, 48, 64, 4),
+          (0, 4, 3, 2, 64, 128, 6), (0, 6, 3, 1, 128, 160, 9), (0, 6, 3, 2, 160, 256, 15)),
+    "m": ((1, 1, 3, 1, 24, 24, 3), (1, 4, 3, 2, 24, 48, 5), (1, 4, 3, 2, 48, 80, 5),
+          (0, 4, 3, 2, 80, 160, 7), (0, 6, 3, 1, 160, 176, 14), (0, 6, 3, 2, 176, 304, 18),
+          (0, 6, 3, 1, 304, 512, 5)),
+    "l": ((1, 1, 3, 1, 32, 32, 4), (1, 4, 3, 2, 32, 64, 7), (1, 4, 3, 2, 64, 96, 7),
+          (0, 4, 3, 2, 96, 192, 10), (0, 6, 3, 1, 192, 224, 19), (0, 6, 3, 2, 224, 384, 25),
+          (0, 6, 3, 1, 384, 640, 7)),
+}
+# (width, depth) multipliers of B0..B7 (torchvision and timm agree).
+_B_SCALES = ((1.0, 1.0), (1.0, 1.1), (1.1, 1.2), (1.2, 1.4), (1.4, 1.8), (1.6, 2.2),
+             (1.8, 2.6), (2.0, 3.1))
+
+
+def torchvision_arch(rows: Sequence[Sequence], width_mult: float = 1.0, depth_mult: float = 1.0,
+                     last_channel: Optional[int] = None, bn_eps: float = 1e-5) -> dict:
+  """Module kwargs of torchvision's `EfficientNet(inverted_residual_setting, ...)`.
+
+  `rows`: (fused, expand_ratio, kernel, stride, in_chs, out_chs, num_layers) per stage as in
+  torchvision's MBConvConfig / FusedMBConvConfig (width/depth multipliers only apply to
+  MBConv rows, as there). SE squeezes to max(1, block input // 4) channels.
+  """
+  stages = []
+  for fused, exp, k, s, cin, cout, n in rows:
+    if not fused:
+      cin, cout = make_divisible(cin * width_mult), make_divisible(cout * width_mult)
+      n = int(math.ceil(n * depth_mult))
+    blocks = []
+    for i in range(n):
+      c_in, stride = (cin, s) if i == 0 else (cout, 1)
+      mid = make_divisible(c_in * exp)
+      res = stride == 1 and c_in == cout
+      if fused:
+        kind = "er" if mid != c_in else "cn"
+        blocks.append((kind, k, stride, c_in, mid, cout, 0, res))
+      else:
+        kind = "ir" if mid != c_in else "ds"
+        blocks.append((kind, k, stride, c_in, mid, cout, max(1, c_in // 4), res))
+    stages.append(tuple(blocks))
+  stem = stages[0][0][3]
+  head = last_channel if last_channel is not None else 4 * stages[-1][-1][5]
+  return dict(stem_chs=stem, stages=tuple(stages), head_chs=head, bn_eps=bn_eps, same_pad=False)
+
+
+# timm arch defs: (kind, repeats, kernel, stride, exp_ratio, out_chs, se_ratio, skip) per stage;
+# plus stem size, head size (None: no head conv), whether the multiplier rounds the head, and
+# make_divisible's round_limit.
+_TIMM_B = (("ds", 1, 3, 1, 1, 16, .25, None), ("ir", 2, 3, 2, 6, 24, .25, None),
+           ("ir", 2, 5, 2, 6, 40, .25, None), ("ir", 3, 3, 2, 6, 80, .25, None),
+           ("ir", 3, 5, 1, 6, 112, .25, None), ("ir", 4, 5, 2, 6, 192, .25, None),
+           ("ir", 1, 3, 1, 6, 320, .25, None))
+_TIMM_V2_S = (("cn", 2, 3, 1, 1, 24, 0, True), ("er", 4, 3, 2, 4, 48, 0, None),
+              ("er", 4, 3, 2, 4, 64, 0, None), ("ir", 6, 3, 2, 4, 128, .25, None),
+              ("ir", 9, 3, 1, 6, 160, .25, None), ("ir", 15, 3, 2, 6, 256, .25, None))
+_TIMM_DEFS = {
+    "efficientnet": dict(rows=_TIMM_B, stem=32, head=1280, round_head=True, round_limit=0.9),
+    "efficientnetv2_s": dict(rows=_TIMM_V2_S, stem=24, head=1280, round_head=True,
+                             round_limit=0.9),
+    "efficientnetv2_rw": dict(rows=(("er", 2, 3, 1, 1, 24, 0, None),) + _TIMM_V2_S[1:-1]
+                              + (("ir", 15, 3, 2, 6, 272, .25, None),),
+                              stem=24, head=1792, round_head=True, round_limit=0.9),
+    "efficientnetv2_m": dict(
+        rows=(("cn", 3, 3, 1, 1, 24, 0, True), ("er", 5, 3, 2, 4, 48, 0, None),
+              ("er", 5, 3, 2, 4, 80, 0, None), ("ir", 7, 3, 2, 4, 160, .25, None),
+              ("ir", 14, 3, 1, 6, 176, .25, None), ("ir", 18, 3, 2, 6, 304, .25, None),
+              ("ir", 5, 3, 1, 6, 512, .25, None)),
+        stem=24, head=1280, round_head=False, round_limit=0.9),
+    "efficientnetv2_l": dict(
+        rows=(("cn", 4, 3, 1, 1, 32, 0, True), ("er", 7, 3, 2, 4, 64, 0, None),
+              ("er", 7, 3, 2, 4, 96, 0, None), ("ir", 10, 3, 2, 4, 192, .25, None),
+              ("ir", 19, 3, 1, 6, 224, .25, None), ("ir", 25, 3, 2, 6, 384, .25, None),
+              ("ir", 7, 3, 1, 6, 640, .25, None)),
+        stem=32, head=1280, round_head=False, round_limit=0.9),
+    "efficientnetv2_base": dict(
+        rows=(("cn", 1, 3, 1, 1, 16, 0, True), ("er", 2, 3, 2, 4, 32, 0, None),
+              ("er", 2, 3, 2, 4, 48, 0, None), ("ir", 3, 3, 2, 4, 96, .25, None),
+              ("ir", 5, 3, 1, 6, 112, .25, None), ("ir", 8, 3, 2, 6, 192, .25, None)),
+        stem=32, head=1280, round_head=True, round_limit=0.0),
+}
+
+
+def timm_arch(family: str, channel_multiplier: float = 1.0,
+              depth_multiplier: float | Sequence[float] = 1.0, tf: bool = False) -> dict:
+  """Module kwargs of timm's `_gen_<family>(channel_multiplier, depth_multiplier)`; `tf`: the
+  `tf_` ports (TensorFlow "SAME" padding, BatchNorm eps 1e-3).
+
+  Repeats scale by ceil, widths by make_divisible(c * multiplier, 8) (stem included), and SE
+  squeezes to round(mid * se_ratio / exp_ratio) channels, all as timm computes them.
+  """
+  if family not in _TIMM_DEFS:
+    raise ValueError(f"Unknown timm EfficientNet family {family!r}; known: {sorted(_TIMM_DEFS)}.")
+  d = _TIMM_DEFS[family]
+  rows = d["rows"]
+  depths = (tuple(depth_multiplier) if isinstance(depth_multiplier, (tuple, list))
+            else (depth_multiplier,) * len(rows))
+  chs = lambda c: make_divisible(c * channel_multiplier, 8, d["round_limit"])
+  stem = chs(d["stem"])
+  cin, stages = stem, []
+  for (kind, r, k, s, exp, cout, se, skip), dm in zip(rows, depths):
+    cout = chs(cout)
+    blocks = []
+    for i in range(int(math.ceil(r * dm))):
+      stride = s if i == 0 else 1
+      mid = cin if kind in ("ds", "cn") else make_divisible(cin * float(exp))
+      se_chs = round(mid * (se / float(exp))) if se else 0
+      res = stride == 1 and cin == cout and (skip is True if kind == "cn" else skip is not False)
+      blocks.append((kind, k, stride, cin, mid, cout, se_chs, res))
+      cin = cout
+    stages.append(tuple(blocks))
+  head = d["head"] and (chs(d["head"]) if d["round_head"] else d["head"])
+  return dict(stem_chs=stem, stages=tuple(stages), head_chs=head,
+              bn_eps=1e-3 if tf else 1e-5, same_pad=tf)
+
+
+def _archs() -> dict[str, dict]:
+  archs = {}
+  for i, (w, dm) in enumerate(_B_SCALES):
+    eps = 1e-3 if i >= 5 else 1e-5     # torchvision: B5-B7 were ported from TF (lukemelas)
+    archs[f"efficientnet_b{i}"] = {**torchvision_arch(_TV_B, w, dm, bn_eps=eps),
+                                   "source": "torchvision"}
+    archs[f"timm/efficientnet_b{i}"] = {**timm_arch("efficientnet", w, dm), "source": "timm"}
+    archs[f"timm/tf_efficientnet_b{i}"] = {**timm_arch("efficientnet", w, dm, tf=True),
+                                           "source": "timm"}
+  for s in "sml":
+    archs[f"efficientnet_v2_{s}"] = {**torchvision_arch(_TV_V2[s], last_channel=1280,
+                                                        bn_eps=1e-3), "source": "torchvision"}
+    archs[f"timm/efficientnetv2_{s}"] = {**timm_arch(f"efficientnetv2_{s}"), "source": "timm"}
+    archs[f"timm/tf_efficientnetv2_{s}"] = {**timm_arch(f"efficientnetv2_{s}", tf=True),
+                                            "source": "timm"}
+  archs["timm/efficientnetv2_rw_t"] = {**timm_arch("efficientnetv2_s", 0.8, 0.9), "source": "timm"}
+  archs["timm/efficientnetv2_rw_s"] = {**timm_arch("efficientnetv2_rw"), "source": "timm"}
+  archs["timm/efficientnetv2_rw_m"] = {
+      **timm_arch("efficientnetv2_rw", 1.2, (1.2,) * 4 + (1.6,) * 2), "source": "timm"}
+  for i, (w, dm) in enumerate(_B_SCALES[:4]):
+    archs[f"timm/tf_efficientnetv2_b{i}"] = {**timm_arch("efficientnetv2_base", w, dm, tf=True),
+                                             "source": "timm"}
+  return archs
+
+
+# Variant -> module kwargs ("source" is for `load`, not the module). torchvision names as in
+# torchvision.models ("efficientnet_b0", "efficientnet_v2_s"); timm names with a "timm/" prefix
+# (timm's efficientnet_b* widths equal torchvision's, but the tf_ ports pad differently).
+ARCHS: dict[str, dict] = _archs()
+
+
+# ----------------------------------------------------------------------------- pretrained
+
+_IN_MEAN, _IN_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+_HALF = (0.5, 0.5, 0.5)
+
+
+def _pp(resize: int, crop: int, method: str, mean=_IN_MEAN, std=_IN_STD, squash=False) -> str:
+  """Eval transform: (shorter side | both sides) -> `resize`, centre crop, mean/std."""
+  op = "resize" if squash else "resize_small"
+  return (f"decode|{op}({resize}, method='{method}', antialias=True)|central_crop({crop})|"
+          f"normalize({mean}, {std})")
+
+
+def _tv(variant: str, file: str, crop: int, resize: int, method: str, mean=_IN_MEAN,
+        std=_IN_STD) -> dict:
+  return dict(variant=variant, source="torchvision", num_classes=1000, input_size=crop,
+              pp=_pp(resize, crop, method, mean, std),
+              url=f"https://download.pytorch.org/models/{file}")
+
+
+def _timm(variant: str, tag: str, size: int, crop_pct: float, mean=_IN_MEAN, std=_IN_STD,
+          squash: bool = False) -> tuple[str, dict]:
+  name = f"{variant}.{tag}"
+  return f"timm/{name}", dict(
+      variant=f"timm/{variant}", source="timm", num_classes=1000, input_size=size,
+      pp=_pp(int(math.floor(size / crop_pct)), size, "bicubic", mean, std, squash),
+      url=f"https://huggingface.co/timm/{name}/resolve/main/model.safetensors")
+
+
+# Published checkpoints: torchvision weight enums (transforms: resize_size, crop_size,
+# interpolation) and timm pretrained_cfg (input_size, crop_pct, crop_mode, mean/std).
+PRETRAINED: dict[str, dict] = {
+    "torchvision/efficientnet_b0.IMAGENET1K_V1": _tv(
+        "efficientnet_b0", "efficientnet_b0_rwightman-7f5810bc.pth", 224, 256, "bicubic"),
+    "torchvision/efficientnet_b1.IMAGENET1K_V1": _tv(
+        "efficientnet_b1", "efficientnet_b1_rwightman-bac287d4.pth", 240, 256, "bicubic"),
+    "torchvision/efficientnet_b1.IMAGENET1K_V2": _tv(
+        "efficientnet_b1", "efficientnet_b1-c27df63c.pth", 240, 255, "bilinear"),
+    "torchvision/efficientnet_b2.IMAGENET1K_V1": _tv(
+        "efficientnet_b2", "efficientnet_b2_rwightman-c35c1473.pth", 288, 288, "bicubic"),
+    "torchvision/efficientnet_b3.IMAGENET1K_V1": _tv(
+        "efficientnet_b3", "efficientnet_b3_rwightman-b3899882.pth", 300, 320, "bicubic"),
+    "torchvision/efficientnet_b4.IMAGENET1K_V1": _tv(
+        "efficientnet_b4", "efficientnet_b4_rwightman-23ab8bcd.pth", 380, 384, "bicubic"),
+    "torchvision/efficientnet_b5.IMAGENET1K_V1": _tv(
+        "efficientnet_b5", "efficientnet_b5_lukemelas-1a07897c.pth", 456, 456, "bicubic"),
+    "torchvision/efficientnet_b6.IMAGENET1K_V1": _tv(
+        "efficientnet_b6", "efficientnet_b6_lukemelas-24a108a5.pth", 528, 528, "bicubic"),
+    "torchvision/efficientnet_b7.IMAGENET1K_V1": _tv(
+        "efficientnet_b7", "efficientnet_b7_lukemelas-c5b4e57e.pth", 600, 600, "bicubic"),
+    "torchvision/efficientnet_v2_s.IMAGENET1K_V1": _tv(
+        "efficientnet_v2_s", "efficientnet_v2_s-dd5fe13b.pth", 384, 384, "bilinear"),
+    "torchvision/efficientnet_v2_m.IMAGENET1K_V1": _tv(
+        "efficientnet_v2_m", "efficientnet_v2_m-dc08266a.pth", 480, 480, "bilinear"),
+    "torchvision/efficientnet_v2_l.IMAGENET1K_V1": _tv(
+        "efficientnet_v2_l", "efficientnet_v2_l-59c71312.pth", 480, 480, "bicubic", _HALF, _HALF),
+    **dict([
+        _timm("efficientnet_b0", "ra_in1k", 224, 0.875),
+        _timm("efficientnet_b1", "ft_in1k", 224, 0.875),
+        _timm("efficientnet_b2", "ra_in1k", 256, 0.875),
+        _timm("efficientnet_b3", "ra2_in1k", 288, 0.875),
+        _timm("efficientnet_b4", "ra2_in1k", 320, 0.875),
+        _timm("efficientnet_b5", "sw_in12k_ft_in1k", 448, 1.0, squash=True),
+        _timm("efficientnetv2_rw_t", "ra2_in1k", 224, 1.0),
+        _timm("efficientnetv2_rw_s", "ra2_in1k", 288, 1.0),
+        _timm("efficientnetv2_rw_m", "agc_in1k", 320, 1.0),
+        *[_timm(f"tf_efficientnet_b{i}", tag, size, pct, *norm)
+          for i, (size, pct) in enumerate(((224, 0.875), (240, 0.882), (260, 0.89),
+                                           (300, 0.904), (380, 0.922), (456, 0.934),
+                                           (528, 0.942), (600, 0.949)))
+          for tag, norm in (("ns_jft_in1k", ()), ("ap_in1k", (_HALF, _HALF)),
+                            ("aa_in1k", ()))],
+        *[_timm(f"tf_efficientnetv2_{s}", tag, size, 1.0, _HALF, _HALF, squash=s != "s")
+          for s, size in (("s", 300), ("m", 384), ("l", 384))
+          for tag in ("in21k_ft_in1k", "in1k")],
+    ]),
+}
+
+
+# ----------------------------------------------------------------------------- modules
+
+class BatchNorm(nn.Module):
+  """Inference BatchNorm with the running statistics as params (scale, bias, mean, var)."""
+  eps: float = 1e-5
+
+  @nn.compact
+  def __call__(self, x):
+    c = x.shape[-1]
+    scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
+    mean = self.param("mean", nn.initializers.zeros, (c,), jnp.float32)
+    var = self.param("var", nn.initializers.ones, (c,), jnp.float32)
+    mul = scale * jax.lax.rsqrt(var + self.eps)
+    return (x * mul.astype(x.dtype) + (bias - mean * mul).astype(x.dtype)).astype(x.dtype)
+
+
+def conv_bn(x, features: int, kernel: int = 1, stride: int = 1, groups: int = 1,
+            act: bool = True, *, conv_name: str, bn_name: str, bn_eps: float = 1e-5,
+            same_pad: bool = False, dtype: Any = jnp.float32,
+            precision: Any = jax.lax.Precision.HIGHEST):
+  """Conv (no bias) -> BatchNorm -> optional SiLU, as sibling params `conv_name`, `bn_name` of
+  the calling module; `groups=-1` makes the conv depthwise."""
+  if same_pad:     # TensorFlow SAME: lax puts total // 2 before, the rest after (as TF)
+    pad = "SAME"
+  else:            # PyTorch: symmetric (k - 1) // 2
+    p = (kernel - 1) // 2
+    pad = ((p, p), (p, p))
+  x = nn.Conv(features, (kernel, kernel), (stride, stride), pad,
+              feature_group_count=x.shape[-1] if groups == -1 else groups, use_bias=False,
+              dtype=dtype, param_dtype=jnp.float32, precision=precision, name=conv_name)(x)
+  x = BatchNorm(bn_eps, name=bn_name)(x)
+  return nn.silu(x) if act else x
+
+
+class SqueezeExcite(nn.Module):
+  """x * sigmoid(conv_expand(silu(conv_reduce(mean_hw(x)))))."""
+  reduced: int
+  dtype: Any = jnp.float32
+  precision: Any = jax.lax.Precision.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    conv = lambda c, name: nn.Conv(c, (1, 1), dtype=self.dtype, param_dtype=jnp.float32,
+                                   precision=self.precision, name=name)
+    s = jnp.mean(x.astype(jnp.float32), axis=(1, 2), keepdims=True).astype(x.dtype)
+    s = conv(x.shape[-1], "conv_expand")(nn.silu(conv(self.reduced, "conv_reduce")(s)))
+    return x * nn.sigmoid(s)
+
+
+class MBBlock(nn.Module):
+  """One 'ds' / 'ir' / 'er' / 'cn' block (see the module docstring); parameter names as timm."""
+  kind: str
+  kernel: int
+  stride: int
+  mid: int
+  out: int
+  se: int
+  residual: bool
+  bn_eps: float = 1e-5
+  same_pad: bool = False
+  dtype: Any = jnp.float32
+  precision: Any = jax.lax.Precision.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    kw = dict(bn_eps=self.bn_eps, same_pad=self.same_pad, dtype=self.dtype,
+              precision=self.precision)
+    se = lambda y: (SqueezeExcite(self.se, self.dtype, self.precision, name="se")(y)
+                    if self.se else y)
+    k, s = self.kernel, self.stride
+    y = x
+    if self.kind == "ds":
+      y = conv_bn(y, self.mid, k, s, -1, conv_name="conv_dw", bn_name="bn1", **kw)
+      y = conv_bn(se(y), self.out, act=False, conv_name="conv_pw", bn_name="bn2", **kw)
+    elif self.kind == "ir":
+      y = conv_bn(y, self.mid, conv_name="conv_pw", bn_name="bn1", **kw)
+      y = conv_bn(y, self.mid, k, s, -1, conv_name="conv_dw", bn_name="bn2", **kw)
+      y = conv_bn(se(y), self.out, act=False, conv_name="conv_pwl", bn_name="bn3", **kw)
+    elif self.kind == "er":
+      y = conv_bn(y, self.mid, k, s, conv_name="conv_exp", bn_name="bn1", **kw)
+      y = conv_bn(se(y), self.out, act=False, conv_name="conv_pwl", bn_name="bn2", **kw)
+    elif self.kind == "cn":
+      y = conv_bn(y, self.out, k, s, conv_name="conv", bn_name="bn1", **kw)
+    else:
+      raise ValueError(f"Unknown EfficientNet block kind {self.kind!r}; use ds, ir, er or cn.")
+    return y + x if self.residual else y
+
+
+class _Model(nn.Module):
+  """EfficientNet / EfficientNetV2 trunk + pooled linear head (see the module docstring)."""
+  num_classes: Optional[int] = 1000
+  stem_chs: int = 32
+  stages: Sequence[Sequence[Block]] = ()
+  head_chs: Optional[int] = 1280
+  bn_eps: float = 1e-5
+  same_pad: bool = False
+  dtype: str = "float32"
+  precision: Any = jax.lax.Precision.HIGHEST
+
+  @nn.compact
+  def __call__(self, images, train: bool = False):
+    del train   # inference only: running BN statistics, no dropout / stochastic depth
+    dtype = jnp.dtype(self.dtype)
+    kw = dict(bn_eps=self.bn_eps, same_pad=self.same_pad, dtype=dtype, precision=self.precision)
+    out = {}
+    x = jnp.asarray(images, jnp.float32).astype(dtype)
+    x = out["stem"] = conv_bn(x, self.stem_chs, 3, 2, conv_name="stem_conv", bn_name="stem_bn",
+                              **kw)
+    for i, stage in enumerate(self.stages):
+      for j, (kind, k, s, cin, mid, cout, se, res) in enumerate(stage):
+        if x.shape[-1] != cin:
+          raise ValueError(f"Block {i}.{j} expects {cin} input channels, got {x.shape[-1]}.")
+        x = MBBlock(kind, k, s, mid, cout, se, res, name=f"blocks_{i}_{j}", **kw)(x)
+      out[f"stage{i}"] = x
+    if self.head_chs:
+      x = conv_bn(x, self.head_chs, conv_name="head_conv", bn_name="head_bn", **kw)
+    out["features"] = x
+    x = out["pre_logits"] = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+    if self.num_classes:
+      x = nn.Dense(self.num_classes, dtype=dtype, param_dtype=jnp.float32,
+                   precision=self.precision, name="head")(x.astype(dtype))
+      x = out["logits"] = x.astype(jnp.float32)
+    return x, out
+
+
+def Model(num_classes: Optional[int] = 1000, *, variant: Optional[str] = None,
+          **kw) -> _Model:  # pylint: disable=invalid-name
+  """`Model(1000, variant="efficientnet_b0")` (torchvision) or `variant="timm/tf_efficientnet_b0"`;
+  without a variant, `kw` gives the architecture (from `torchvision_arch` / `timm_arch`)."""
+  if variant is not None:
+    if variant not in ARCHS:
+      raise ValueError(f"Unknown EfficientNet variant {variant!r}; known: {sorted(ARCHS)}.")
+    arch = {k: v for k, v in ARCHS[variant].items() if k != "source"}
+    kw = {**arch, **kw}
+  kw.pop("source", None)
+  return _Model(num_classes, **kw)
+
+
+# ----------------------------------------------------------------------------- loading
+
+DOWNLOAD_HINT = ("EfficientNet weights: a torchvision state dict (download.pytorch.org/models/"
+                 "efficientnet_*.pth) or a timm one (huggingface.co/timm/<name>/"
+                 "model.safetensors); efficientnet.PRETRAINED names the variant of each file")
+
+
+def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = None,
+         dont_load: Sequence[str] = ()) -> dict:
+  """Reads a torchvision or timm EfficientNet state dict (.pth / .bin / .safetensors), converts
+  it and merges it onto `init_params` (every key and shape checked). The layout is detected
+  from the keys unless `model_cfg["source"]` says "torchvision" or "timm"."""
+  init_params = jax.device_get(init_params)
+  sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
+  source = (model_cfg or {}).get("source")
+  if source is None and (model_cfg or {}).get("variant") in ARCHS:
+    source = ARCHS[model_cfg["variant"]]["source"]
+  tree = convert.convert(sd, source=source, file=init_file, hint=DOWNLOAD_HINT)
+  return checkpoints.merge_params(tree, init_params, dont_load, source=init_file,
+                                  hint=DOWNLOAD_HINT)

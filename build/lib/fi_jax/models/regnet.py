@@ -1,0 +1,210 @@
+"""torchvision RegNetX / RegNetY in Flax (incl. the SWAG RegNetY weights OpenOOD reports on).
+
+Stem (3x3 stride-2 conv, BN, ReLU) -> 4 stages of residual bottleneck blocks -> global
+average pool -> "head". A block: 1x1 conv -> BN -> ReLU -> 3x3 grouped conv (stride on the
+first block of a stage) -> BN -> ReLU -> [Squeeze-Excitation, RegNetY only] -> 1x1 conv ->
+BN, plus the input (through a 1x1 conv + BN where the shape changes), then ReLU. Widths per
+stage come from torchvision's `BlockParams.from_init_params`, tabulated in ARCHS.
+
+`Model(1000, variant="regnet_y_16gf")`; `apply({"params": p}, images_nhwc)` returns
+`(logits, out)`: out["pre_logits"] (the pooled last stage = the `fc` input), out["stem"],
+out["stage1".."stage4"]. `load(init, file)` reads torchvision's state dicts
+(fi_jax.models.convert.regnet). Eval transforms: PRETRAINED (the SWAG end-to-end weights
+are evaluated at 384 px, bicubic).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fi_jax.models.convert import readers
+from fi_jax.models import layers
+from fi_jax.models.convert import regnet as convert_regnet
+from fi_jax.models.convert import resnet as convert_resnet
+from fi_jax.models.resnet import tv_pretrained as _tv
+
+# variant -> RegNet fields: torchvision's BlockParams.from_init_params(depth, w_0, w_a, w_m,
+# group_width, se_ratio), expanded per stage (all strides 2, bottleneck multiplier 1).
+ARCHS: dict[str, dict] = {
+    "regnet_y_400mf": dict(depths=(1, 3, 6, 6), widths=(48, 104, 208, 440),
+                           group_widths=(8, 8, 8, 8), se_ratio=0.25),
+    "regnet_y_800mf": dict(depths=(1, 3, 8, 2), widths=(64, 144, 320, 784),
+                           group_widths=(16, 16, 16, 16), se_ratio=0.25),
+    "regnet_y_1_6gf": dict(depths=(2, 6, 17, 2), widths=(48, 120, 336, 888),
+                           group_widths=(24, 24, 24, 24), se_ratio=0.25),
+    "regnet_y_3_2gf": dict(depths=(2, 5, 13, 1), widths=(72, 216, 576, 1512),
+                           group_widths=(24, 24, 24, 24), se_ratio=0.25),
+    "regnet_y_8gf": dict(depths=(2, 4, 10, 1), widths=(224, 448, 896, 2016),
+                         group_widths=(56, 56, 56, 56), se_ratio=0.25),
+    "regnet_y_16gf": dict(depths=(2, 4, 11, 1), widths=(224, 448, 1232, 3024),
+                          group_widths=(112, 112, 112, 112), se_ratio=0.25),
+    "regnet_y_32gf": dict(depths=(2, 5, 12, 1), widths=(232, 696, 1392, 3712),
+                          group_widths=(232, 232, 232, 232), se_ratio=0.25),
+    "regnet_y_128gf": dict(depths=(2, 7, 17, 1), widths=(528, 1056, 2904, 7392),
+                           group_widths=(264, 264, 264, 264), se_ratio=0.25),
+    "regnet_x_400mf": dict(depths=(1, 2, 7, 12), widths=(32, 64, 160, 400),
+                           group_widths=(16, 16, 16, 16)),
+    "regnet_x_800mf": dict(depths=(1, 3, 7, 5), widths=(64, 128, 288, 672),
+                           group_widths=(16, 16, 16, 16)),
+    "regnet_x_1_6gf": dict(depths=(2, 4, 10, 2), widths=(72, 168, 408, 912),
+                           group_widths=(24, 24, 24, 24)),
+    "regnet_x_3_2gf": dict(depths=(2, 6, 15, 2), widths=(96, 192, 432, 1008),
+                           group_widths=(48, 48, 48, 48)),
+    "regnet_x_8gf": dict(depths=(2, 5, 15, 1), widths=(80, 240, 720, 1920),
+                         group_widths=(80, 120, 120, 120)),
+    "regnet_x_16gf": dict(depths=(2, 6, 13, 1), widths=(256, 512, 896, 2048),
+                          group_widths=(128, 128, 128, 128)),
+    "regnet_x_32gf": dict(depths=(2, 7, 13, 1), widths=(336, 672, 1344, 2520),
+                          group_widths=(168, 168, 168, 168)),
+}
+
+# Published torchvision weights -> variant, eval transform (pp string), file.
+PRETRAINED: dict[str, dict] = {
+    **_tv("regnet_y_400mf.IMAGENET1K_V1", "regnet_y_400mf-c65dace8.pth"),
+    **_tv("regnet_y_400mf.IMAGENET1K_V2", "regnet_y_400mf-e6988f5f.pth", resize=232),
+    **_tv("regnet_y_800mf.IMAGENET1K_V1", "regnet_y_800mf-1b27b58c.pth"),
+    **_tv("regnet_y_800mf.IMAGENET1K_V2", "regnet_y_800mf-58fc7688.pth", resize=232),
+    **_tv("regnet_y_1_6gf.IMAGENET1K_V1", "regnet_y_1_6gf-b11a554e.pth"),
+    **_tv("regnet_y_1_6gf.IMAGENET1K_V2", "regnet_y_1_6gf-0d7bc02a.pth", resize=232),
+    **_tv("regnet_y_3_2gf.IMAGENET1K_V1", "regnet_y_3_2gf-b5a9779c.pth"),
+    **_tv("regnet_y_3_2gf.IMAGENET1K_V2", "regnet_y_3_2gf-9180c971.pth", resize=232),
+    **_tv("regnet_y_8gf.IMAGENET1K_V1", "regnet_y_8gf-d0d0e4a8.pth"),
+    **_tv("regnet_y_8gf.IMAGENET1K_V2", "regnet_y_8gf-dc2b1b54.pth", resize=232),
+    **_tv("regnet_y_16gf.IMAGENET1K_V1", "regnet_y_16gf-9e6ed7dd.pth"),
+    **_tv("regnet_y_16gf.IMAGENET1K_V2", "regnet_y_16gf-3e4a00f9.pth", resize=232),
+    **_tv("regnet_y_16gf.IMAGENET1K_SWAG_E2E_V1", "regnet_y_16gf_swag-43afe44d.pth",
+          resize=384, crop=384, interp="bicubic"),
+    **_tv("regnet_y_16gf.IMAGENET1K_SWAG_LINEAR_V1", "regnet_y_16gf_lc_swag-f3ec0043.pth",
+          resize=224, interp="bicubic"),
+    **_tv("regnet_y_32gf.IMAGENET1K_V1", "regnet_y_32gf-4dee3f7a.pth"),
+    **_tv("regnet_y_32gf.IMAGENET1K_V2", "regnet_y_32gf-8db6d4b5.pth", resize=232),
+    **_tv("regnet_y_32gf.IMAGENET1K_SWAG_E2E_V1", "regnet_y_32gf_swag-04fdfa75.pth",
+          resize=384, crop=384, interp="bicubic"),
+    **_tv("regnet_y_32gf.IMAGENET1K_SWAG_LINEAR_V1", "regnet_y_32gf_lc_swag-e1583746.pth",
+          resize=224, interp="bicubic"),
+    **_tv("regnet_y_128gf.IMAGENET1K_SWAG_E2E_V1", "regnet_y_128gf_swag-c8ce3e52.pth",
+          resize=384, crop=384, interp="bicubic"),
+    **_tv("regnet_y_128gf.IMAGENET1K_SWAG_LINEAR_V1", "regnet_y_128gf_lc_swag-cbe8ce12.pth",
+          resize=224, interp="bicubic"),
+    **_tv("regnet_x_400mf.IMAGENET1K_V1", "regnet_x_400mf-adf1edd5.pth"),
+    **_tv("regnet_x_400mf.IMAGENET1K_V2", "regnet_x_400mf-62229a5f.pth", resize=232),
+    **_tv("regnet_x_800mf.IMAGENET1K_V1", "regnet_x_800mf-ad17e45c.pth"),
+    **_tv("regnet_x_800mf.IMAGENET1K_V2", "regnet_x_800mf-94a99ebd.pth", resize=232),
+    **_tv("regnet_x_1_6gf.IMAGENET1K_V1", "regnet_x_1_6gf-e3633e7f.pth"),
+    **_tv("regnet_x_1_6gf.IMAGENET1K_V2", "regnet_x_1_6gf-a12f2b72.pth", resize=232),
+    **_tv("regnet_x_3_2gf.IMAGENET1K_V1", "regnet_x_3_2gf-f342aeae.pth"),
+    **_tv("regnet_x_3_2gf.IMAGENET1K_V2", "regnet_x_3_2gf-7071aa85.pth", resize=232),
+    **_tv("regnet_x_8gf.IMAGENET1K_V1", "regnet_x_8gf-03ceed89.pth"),
+    **_tv("regnet_x_8gf.IMAGENET1K_V2", "regnet_x_8gf-2b70d774.pth", resize=232),
+    **_tv("regnet_x_16gf.IMAGENET1K_V1", "regnet_x_16gf-2007eb11.pth"),
+    **_tv("regnet_x_16gf.IMAGENET1K_V2", "regnet_x_16gf-ba3796d7.pth", resize=232),
+    **_tv("regnet_x_32gf.IMAGENET1K_V1", "regnet_x_32gf-9d47f8d0.pth"),
+    **_tv("regnet_x_32gf.IMAGENET1K_V2", "regnet_x_32gf-6eb8fdc6.pth", resize=232),
+}
+
+DOWNLOAD_HINT = ("RegNet weights: torchvision's https://download.pytorch.org/models/"
+                 "regnet_<x|y>_<size>[_swag|_lc_swag]-<hash>.pth (see "
+                 "fi_jax.models.regnet.PRETRAINED)")
+
+
+class SqueezeExcitation(nn.Module):
+  """torchvision SqueezeExcitation: x * sigmoid(fc2(relu(fc1(mean_hw(x))))), 1x1 convs."""
+  squeeze: int
+  dtype: str = "float32"
+  precision: Any = layers.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    conv = functools.partial(layers.conv, use_bias=True, dtype=layers.compute_dtype(self.dtype),
+                             precision=self.precision)
+    s = jnp.mean(x, axis=(1, 2), keepdims=True)
+    s = conv(x.shape[-1], 1, name="fc2")(nn.relu(conv(self.squeeze, 1, name="fc1")(s)))
+    return x * nn.sigmoid(s)
+
+
+class Block(nn.Module):
+  """torchvision ResBottleneckBlock (proj + f = a, b, [se], c)."""
+  width: int
+  stride: int
+  group_width: int
+  bottleneck_multiplier: float = 1.0
+  se_ratio: Optional[float] = None
+  bn_eps: float = 1e-5
+  dtype: str = "float32"
+  precision: Any = layers.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    conv = functools.partial(layers.conv, dtype=layers.compute_dtype(self.dtype),
+                             precision=self.precision)
+    bn = lambda name: layers.BatchNorm(self.bn_eps, name=name)
+    width_in = x.shape[-1]
+    w_b = int(round(self.width * self.bottleneck_multiplier))
+    y = nn.relu(bn("a_bn")(conv(w_b, 1, name="a_conv")(x)))
+    y = nn.relu(bn("b_bn")(conv(w_b, 3, self.stride, groups=w_b // self.group_width,
+                                name="b_conv")(y)))
+    if self.se_ratio:
+      y = SqueezeExcitation(int(round(self.se_ratio * width_in)), dtype=self.dtype,
+                            precision=self.precision, name="se")(y)
+    y = bn("c_bn")(conv(self.width, 1, name="c_conv")(y))
+    if width_in != self.width or self.stride != 1:
+      x = bn("proj_bn")(conv(self.width, 1, self.stride, name="proj_conv")(x))
+    return nn.relu(x + y)
+
+
+class RegNet(nn.Module):
+  """torchvision RegNet: SimpleStemIN, 4 AnyStages of Blocks, average pool, "head"."""
+  num_classes: Optional[int] = 1000
+  depths: Sequence[int] = (2, 4, 11, 1)
+  widths: Sequence[int] = (224, 448, 1232, 3024)
+  group_widths: Sequence[int] = (112, 112, 112, 112)
+  bottleneck_multiplier: float = 1.0
+  se_ratio: Optional[float] = None
+  stem_width: int = 32
+  bn_eps: float = 1e-5
+  dtype: str = "float32"
+  precision: Any = layers.HIGHEST
+
+  @nn.compact
+  def __call__(self, images, *, train: bool = False):
+    del train   # inference only
+    if not len(self.depths) == len(self.widths) == len(self.group_widths):
+      raise ValueError(f"depths, widths and group_widths need one entry per stage; got "
+                       f"{self.depths}, {self.widths}, {self.group_widths}.")
+    out = {}
+    x = jnp.asarray(images, layers.compute_dtype(self.dtype))
+    x = layers.conv(self.stem_width, 3, 2, dtype=x.dtype, precision=self.precision,
+                    name="stem_conv")(x)
+    x = out["stem"] = nn.relu(layers.BatchNorm(self.bn_eps, name="stem_bn")(x))
+    for s, (depth, width, gw) in enumerate(zip(self.depths, self.widths, self.group_widths)):
+      for b in range(depth):
+        x = Block(width, 2 if b == 0 else 1, gw, self.bottleneck_multiplier, self.se_ratio,
+                  self.bn_eps, self.dtype, self.precision, name=f"block{s + 1}_{b}")(x)
+      out[f"stage{s + 1}"] = x
+    x = out["pre_logits"] = layers.global_avg_pool(x)
+    if self.num_classes:
+      x = out["logits"] = nn.Dense(self.num_classes, precision=self.precision, name="head")(x)
+    return x, out
+
+
+def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> RegNet:  # pylint: disable=invalid-name
+  """`Model(1000, variant="regnet_y_16gf")`; `kw` overrides ARCHS fields (e.g. dtype)."""
+  if variant not in ARCHS:
+    raise ValueError(f"Unknown RegNet variant {variant!r}; known: {sorted(ARCHS)}.")
+  return RegNet(num_classes, **{**ARCHS[variant], **kw})
+
+
+def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = None,
+         dont_load: Sequence[str] = ()) -> dict:
+  """torchvision RegNet state dict (.pth / .safetensors) -> params on `init_params`'s tree
+  (arrays or ShapeDtypeStructs). A model without a head (num_classes=None) drops the file's
+  `fc`; other mismatches raise CheckpointError naming the key and the file."""
+  del model_cfg   # torchvision is the only source
+  init_params = jax.device_get(init_params)
+  sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
+  flat = convert_regnet.convert(sd, source=init_file, hint=DOWNLOAD_HINT)
+  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load)

@@ -1,0 +1,321 @@
+"""ResNet / ResNeXt / Wide-ResNet (torchvision, and timm's `resnet.py` family) in Flax.
+
+One module covers torchvision's ResNet V1.5 (the stride on the bottleneck's 3x3 conv; the V1
+and V2 weights share it) and timm's ResNet with its stem / downsample options: the 7x7 stem,
+the 'deep' stem of three 3x3 convs (timm `stem_type='deep'`, 'c' / 's' / 'd' variants, and
+'deep_tiered'), and the average-pool shortcut (`avg_down=True`, 'd' variants: AvgPool2d(2,
+ceil_mode, count_include_pad=False) -> 1x1 conv -> BN). BatchNorm runs on its running
+statistics, which live in `params` (layers.BatchNorm); there is no dropout or drop path.
+
+`Model(1000, variant="resnet50")`; `apply({"params": p}, images_nhwc)` returns
+`(logits, out)` with out["pre_logits"] = the global-average-pooled last stage (the `fc`
+input), out["stem"] (after the max pool) and out["stage1".."stage4"].
+`load(init, file)` reads torchvision or timm state dicts (.pth / .safetensors): both use the
+same key names (conv1 / bn1 / layer{1-4} / fc), see fi_jax.models.convert.resnet.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fi_jax.models import checkpoints
+from fi_jax.models.convert import readers
+from fi_jax.models import layers
+from fi_jax.models.convert import resnet as convert_resnet
+
+_BOTTLENECK, _BASIC = "bottleneck", "basic"
+_DEEP = dict(stem="deep", stem_width=32)
+_D = dict(stem="deep", stem_width=32, avg_down=True)
+
+# variant -> ResNet fields (timm's and torchvision's constructors, same names where shared).
+ARCHS: dict[str, dict] = {
+    "resnet18": dict(block=_BASIC, depths=(2, 2, 2, 2)),
+    "resnet34": dict(block=_BASIC, depths=(3, 4, 6, 3)),
+    "resnet26": dict(depths=(2, 2, 2, 2)),
+    "resnet50": dict(depths=(3, 4, 6, 3)),
+    "resnet101": dict(depths=(3, 4, 23, 3)),
+    "resnet152": dict(depths=(3, 8, 36, 3)),
+    "resnet200": dict(depths=(3, 24, 36, 3)),
+    "wide_resnet50_2": dict(depths=(3, 4, 6, 3), width_per_group=128),
+    "wide_resnet101_2": dict(depths=(3, 4, 23, 3), width_per_group=128),
+    "resnext50_32x4d": dict(depths=(3, 4, 6, 3), groups=32, width_per_group=4),
+    "resnext101_32x4d": dict(depths=(3, 4, 23, 3), groups=32, width_per_group=4),
+    "resnext101_32x8d": dict(depths=(3, 4, 23, 3), groups=32, width_per_group=8),
+    "resnext101_64x4d": dict(depths=(3, 4, 23, 3), groups=64, width_per_group=4),
+    # timm stem / shortcut variants
+    "resnet50c": dict(depths=(3, 4, 6, 3), **_DEEP),
+    "resnet50s": dict(depths=(3, 4, 6, 3), stem="deep", stem_width=64),
+    "resnet18d": dict(block=_BASIC, depths=(2, 2, 2, 2), **_D),
+    "resnet34d": dict(block=_BASIC, depths=(3, 4, 6, 3), **_D),
+    "resnet26d": dict(depths=(2, 2, 2, 2), **_D),
+    "resnet50d": dict(depths=(3, 4, 6, 3), **_D),
+    "resnet101d": dict(depths=(3, 4, 23, 3), **_D),
+    "resnet152d": dict(depths=(3, 8, 36, 3), **_D),
+    "resnet200d": dict(depths=(3, 24, 36, 3), **_D),
+    "resnext50d_32x4d": dict(depths=(3, 4, 6, 3), groups=32, width_per_group=4, **_D),
+}
+
+_PP = "decode|resize_small({resize}, method='{interp}', antialias=True)|central_crop({crop})|{norm}"
+_NORMS = {"imagenet": "vgg_value_range", "inception": "value_range(-1, 1)"}
+
+
+def tv_pretrained(tag: str, file: str, resize: int = 256, crop: int = 224,
+                  interp: str = "bilinear") -> dict:
+  """A torchvision weights enum entry: Resize(resize) -> CenterCrop(crop), ImageNet mean/std."""
+  return {f"torchvision/{tag}": dict(
+      variant=tag.split(".")[0], source="torchvision", num_classes=1000, input_size=crop,
+      pp=_PP.format(resize=resize, interp=interp, crop=crop, norm=_NORMS["imagenet"]),
+      url=f"https://download.pytorch.org/models/{file}")}
+
+
+def timm_pretrained(tag: str, size: int, crop_pct: float, interp: str, num_classes: int = 1000,
+                    norm: str = "imagenet") -> dict:
+  """A timm pretrained_cfg: Resize(floor(size / crop_pct)) -> CenterCrop(size)."""
+  return {f"timm/{tag}": dict(
+      variant=tag.split(".")[0], source="timm", num_classes=num_classes, input_size=size,
+      pp=_PP.format(resize=math.floor(size / crop_pct), interp=interp, crop=size,
+                    norm=_NORMS[norm]),
+      url=f"https://huggingface.co/timm/{tag}/resolve/main/model.safetensors")}
+
+
+# Published weights -> variant, eval transform (as a pp string), file. torchvision's are
+# also on the HF hub as timm/<arch>.tv_in1k / .tv2_in1k (the same tensors).
+_tv, _timm = tv_pretrained, timm_pretrained
+PRETRAINED: dict[str, dict] = {
+    **_tv("resnet18.IMAGENET1K_V1", "resnet18-f37072fd.pth"),
+    **_tv("resnet34.IMAGENET1K_V1", "resnet34-b627a593.pth"),
+    **_tv("resnet50.IMAGENET1K_V1", "resnet50-0676ba61.pth"),
+    **_tv("resnet50.IMAGENET1K_V2", "resnet50-11ad3fa6.pth", resize=232),
+    **_tv("resnet101.IMAGENET1K_V1", "resnet101-63fe2227.pth"),
+    **_tv("resnet101.IMAGENET1K_V2", "resnet101-cd907fc2.pth", resize=232),
+    **_tv("resnet152.IMAGENET1K_V1", "resnet152-394f9c45.pth"),
+    **_tv("resnet152.IMAGENET1K_V2", "resnet152-f82ba261.pth", resize=232),
+    **_tv("wide_resnet50_2.IMAGENET1K_V1", "wide_resnet50_2-95faca4d.pth"),
+    **_tv("wide_resnet50_2.IMAGENET1K_V2", "wide_resnet50_2-9ba9bcbe.pth", resize=232),
+    **_tv("wide_resnet101_2.IMAGENET1K_V1", "wide_resnet101_2-32ee1156.pth"),
+    **_tv("wide_resnet101_2.IMAGENET1K_V2", "wide_resnet101_2-d733dc28.pth", resize=232),
+    **_tv("resnext50_32x4d.IMAGENET1K_V1", "resnext50_32x4d-7cdf4587.pth"),
+    **_tv("resnext50_32x4d.IMAGENET1K_V2", "resnext50_32x4d-1a0047aa.pth", resize=232),
+    **_tv("resnext101_32x8d.IMAGENET1K_V1", "resnext101_32x8d-8ba56ff5.pth"),
+    **_tv("resnext101_32x8d.IMAGENET1K_V2", "resnext101_32x8d-110c445d.pth", resize=232),
+    **_tv("resnext101_64x4d.IMAGENET1K_V1", "resnext101_64x4d-173b62eb.pth", resize=232),
+    **_timm("resnet18.a1_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet18.a2_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet18.a3_in1k", 160, 0.95, "bicubic"),
+    **_timm("resnet18.fb_ssl_yfcc100m_ft_in1k", 224, 0.875, "bilinear"),
+    **_timm("resnet18.fb_swsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
+    **_timm("resnet18.gluon_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet34.a1_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet34.a2_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet34.a3_in1k", 160, 0.95, "bicubic"),
+    **_timm("resnet34.bt_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet34.gluon_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet34.ra4_e3600_r224_in1k", 224, 0.9, "bicubic", norm="inception"),
+    **_timm("resnet26.bt_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet50.a1_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet50.a1h_in1k", 176, 0.9, "bicubic"),
+    **_timm("resnet50.a2_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet50.a3_in1k", 160, 0.95, "bicubic"),
+    **_timm("resnet50.am_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet50.b1k_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet50.b2k_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet50.bt_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet50.c1_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet50.c2_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet50.d_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet50.fb_ssl_yfcc100m_ft_in1k", 224, 0.875, "bilinear"),
+    **_timm("resnet50.fb_swsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
+    **_timm("resnet50.gluon_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet50.ra_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet50.ram_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet101.a1_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet101.a1h_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet101.a2_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet101.a3_in1k", 160, 0.95, "bicubic"),
+    **_timm("resnet101.gluon_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet152.a1_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet152.a1h_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet152.a2_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet152.a3_in1k", 160, 0.95, "bicubic"),
+    **_timm("resnet152.gluon_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet18d.ra2_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet18d.ra4_e3600_r224_in1k", 224, 0.9, "bicubic", norm="inception"),
+    **_timm("resnet34d.ra2_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet26d.bt_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet50d.a1_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet50d.a2_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnet50d.a3_in1k", 160, 0.95, "bicubic"),
+    **_timm("resnet50d.gluon_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet50d.ra2_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet50d.ra4_e3600_r224_in1k", 224, 0.95, "bicubic", norm="inception"),
+    **_timm("resnet101d.gluon_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet101d.ra2_in1k", 256, 0.95, "bicubic"),
+    **_timm("resnet152d.gluon_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet152d.ra2_in1k", 256, 0.95, "bicubic"),
+    **_timm("resnet200d.ra2_in1k", 256, 0.95, "bicubic"),
+    **_timm("resnet50c.gluon_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnet50s.gluon_in1k", 224, 0.875, "bicubic"),
+    **_timm("wide_resnet50_2.racm_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnext50_32x4d.a1_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnext50_32x4d.a1h_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnext50_32x4d.a2_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnext50_32x4d.a3_in1k", 160, 0.95, "bicubic"),
+    **_timm("resnext50_32x4d.fb_ssl_yfcc100m_ft_in1k", 224, 0.875, "bilinear"),
+    **_timm("resnext50_32x4d.fb_swsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
+    **_timm("resnext50_32x4d.gluon_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnext50_32x4d.ra_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnext50d_32x4d.bt_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnext101_32x8d.fb_ssl_yfcc100m_ft_in1k", 224, 0.875, "bilinear"),
+    **_timm("resnext101_32x8d.fb_swsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
+    **_timm("resnext101_32x8d.fb_wsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
+    **_timm("resnext101_64x4d.c1_in1k", 224, 0.95, "bicubic"),
+    **_timm("resnext101_64x4d.gluon_in1k", 224, 0.875, "bicubic"),
+}
+
+DOWNLOAD_HINT = ("ResNet weights: torchvision's https://download.pytorch.org/models/<arch>-<hash>"
+                 ".pth or timm's https://huggingface.co/timm/<arch>.<tag> model.safetensors "
+                 "(see fi_jax.models.resnet.PRETRAINED)")
+
+
+class BasicBlock(nn.Module):
+  """3x3 (stride) -> BN -> ReLU -> 3x3 -> BN, + shortcut, ReLU (ResNet-18/34)."""
+  planes: int
+  stride: int = 1
+  shortcut: Optional[str] = None   # None (identity) | "conv" | "avg"
+  bn_eps: float = 1e-5
+  dtype: str = "float32"
+  precision: Any = layers.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    conv = functools.partial(layers.conv, dtype=layers.compute_dtype(self.dtype),
+                             precision=self.precision)
+    y = nn.relu(layers.BatchNorm(self.bn_eps, name="bn1")(
+        conv(self.planes, 3, self.stride, name="conv1")(x)))
+    y = layers.BatchNorm(self.bn_eps, name="bn2")(conv(self.planes, 3, name="conv2")(y))
+    return nn.relu(y + _shortcut(self, x, self.planes, conv))
+
+
+class Bottleneck(nn.Module):
+  """1x1 -> 3x3 (stride, groups) -> 1x1 (4 * planes), BN + ReLU between, + shortcut, ReLU."""
+  planes: int
+  stride: int = 1
+  shortcut: Optional[str] = None
+  groups: int = 1
+  width_per_group: int = 64
+  bn_eps: float = 1e-5
+  dtype: str = "float32"
+  precision: Any = layers.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    conv = functools.partial(layers.conv, dtype=layers.compute_dtype(self.dtype),
+                             precision=self.precision)
+    bn = lambda name: layers.BatchNorm(self.bn_eps, name=name)
+    width = int(self.planes * self.width_per_group / 64) * self.groups
+    y = nn.relu(bn("bn1")(conv(width, 1, name="conv1")(x)))
+    y = nn.relu(bn("bn2")(conv(width, 3, self.stride, groups=self.groups, name="conv2")(y)))
+    y = bn("bn3")(conv(4 * self.planes, 1, name="conv3")(y))
+    return nn.relu(y + _shortcut(self, x, 4 * self.planes, conv))
+
+
+def _shortcut(block: nn.Module, x, features: int, conv):
+  """Identity, 1x1 conv (stride) + BN (torchvision), or avg-pool + 1x1 conv + BN (timm 'd')."""
+  if block.shortcut is None:
+    return x
+  stride = block.stride
+  if block.shortcut == "avg":
+    if stride > 1:
+      x = layers.avg_pool_ceil(x, 2, stride)
+    stride = 1
+  x = conv(features, 1, stride, name="downsample_conv")(x)
+  return layers.BatchNorm(block.bn_eps, name="downsample_bn")(x)
+
+
+class ResNet(nn.Module):
+  """Stem -> 4 stages of blocks -> global average pool -> "head" (nn.Dense)."""
+  num_classes: Optional[int] = 1000
+  block: str = _BOTTLENECK          # "bottleneck" | "basic"
+  depths: Sequence[int] = (3, 4, 6, 3)
+  widths: Sequence[int] = (64, 128, 256, 512)   # planes per stage (x4 out for bottlenecks)
+  groups: int = 1                   # ResNeXt cardinality
+  width_per_group: int = 64         # 128: Wide ResNet; ResNeXt 32x4d: 4
+  stem: str = "7x7"                 # "7x7" | "deep" | "deep_tiered" (timm stem_type)
+  stem_width: int = 64              # 7x7: its channels; deep: the first 3x3s' (out: 2x)
+  avg_down: bool = False
+  bn_eps: float = 1e-5
+  dtype: str = "float32"
+  precision: Any = layers.HIGHEST
+
+  @nn.compact
+  def __call__(self, images, *, train: bool = False):
+    del train   # inference only
+    if self.block not in (_BASIC, _BOTTLENECK):
+      raise ValueError(f"block must be {_BASIC!r} or {_BOTTLENECK!r}, got {self.block!r}.")
+    if self.stem not in ("7x7", "deep", "deep_tiered"):
+      raise ValueError(f"stem must be '7x7', 'deep' or 'deep_tiered', got {self.stem!r}.")
+    cdt = layers.compute_dtype(self.dtype)
+    conv = functools.partial(layers.conv, dtype=cdt, precision=self.precision)
+    bn = lambda name: layers.BatchNorm(self.bn_eps, name=name)
+    out = {}
+    x = jnp.asarray(images, cdt)
+    if self.stem == "7x7":
+      inplanes = self.stem_width
+      x = conv(inplanes, 7, 2, name="conv1")(x)
+    else:
+      w = self.stem_width
+      chs = (3 * (w // 4), w) if self.stem == "deep_tiered" else (w, w)
+      inplanes = 2 * w
+      x = nn.relu(bn("stem_bn1")(conv(chs[0], 3, 2, name="stem_conv1")(x)))
+      x = nn.relu(bn("stem_bn2")(conv(chs[1], 3, name="stem_conv2")(x)))
+      x = conv(inplanes, 3, name="conv1")(x)
+    x = nn.relu(bn("bn1")(x))
+    x = out["stem"] = layers.max_pool(x, 3, 2, 1)
+
+    expansion = 4 if self.block == _BOTTLENECK else 1
+    for s, (depth, planes) in enumerate(zip(self.depths, self.widths)):
+      for b in range(depth):
+        stride = 2 if s > 0 and b == 0 else 1
+        shortcut = None
+        if b == 0 and (stride != 1 or inplanes != planes * expansion):
+          shortcut = "avg" if self.avg_down else "conv"
+        kw = dict(planes=planes, stride=stride, shortcut=shortcut, bn_eps=self.bn_eps,
+                  dtype=self.dtype, precision=self.precision, name=f"layer{s + 1}_{b}")
+        if self.block == _BOTTLENECK:
+          x = Bottleneck(groups=self.groups, width_per_group=self.width_per_group, **kw)(x)
+        else:
+          if self.groups != 1 or self.width_per_group != 64:
+            raise ValueError("BasicBlock ResNets need groups=1 and width_per_group=64.")
+          x = BasicBlock(**kw)(x)
+        inplanes = planes * expansion
+      out[f"stage{s + 1}"] = x
+
+    x = out["pre_logits"] = layers.global_avg_pool(x)
+    if self.num_classes:
+      x = out["logits"] = nn.Dense(self.num_classes, precision=self.precision, name="head")(x)
+    return x, out
+
+
+def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> ResNet:  # pylint: disable=invalid-name
+  """`Model(1000, variant="resnet50")`; `kw` overrides ARCHS fields (e.g. dtype)."""
+  if variant not in ARCHS:
+    raise ValueError(f"Unknown ResNet variant {variant!r}; known: {sorted(ARCHS)}.")
+  return ResNet(num_classes, **{**ARCHS[variant], **kw})
+
+
+def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = None,
+         dont_load: Sequence[str] = ()) -> dict:
+  """torchvision / timm ResNet state dict (.pth / .safetensors) -> params on `init_params`'s
+  tree (arrays or ShapeDtypeStructs). The two libraries share the key layout, so the source
+  needs no flag (`model_cfg["source"]` is accepted and ignored). A model without a head
+  (num_classes=None) drops the file's `fc`; other mismatches raise CheckpointError."""
+  del model_cfg
+  init_params = jax.device_get(init_params)
+  sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
+  flat = convert_resnet.convert(sd, source=init_file, hint=DOWNLOAD_HINT)
+  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load)

@@ -1,0 +1,200 @@
+"""BiT ResNetV2 (timm `resnetv2_{50,101,152}x{1,2,3,4}_bit`) in Flax.
+
+Pre-activation bottlenecks with weight-standardised convs and GroupNorm(32) + ReLU: per block
+x_pre = relu(GN(x)); shortcut = x, or a strided 1x1 StdConv of x_pre on a stage's first block;
+residual = conv1x1(x_pre) -> GN-ReLU -> conv3x3 (stride) -> GN-ReLU -> conv1x1. The 'fixed'
+stem (BiT's SAME-padding approximation): StdConv 7x7 / 2 (padding 3), a zero pad of 1, then
+max pool 3 / 2 without padding. After the stages: GN + ReLU, global average pool, "head"
+(timm's 1x1 conv `head.fc`, converted to a Dense). StdConv2d standardises each output
+filter over (in, kh, kw) with the biased variance and eps 1e-8 (timm's BiT setting); the
+GroupNorm eps is 1e-5.
+
+`Model(1000, variant="resnetv2_50x1_bit")`; `apply({"params": p}, images_nhwc)` returns
+`(logits, out)`: out["pre_logits"] (= timm's forward_head(pre_logits=True)), out["stem"],
+out["stage1".."stage4"] (before the final norm). `load(init, file)` reads timm state dicts
+(.safetensors / .pth; fi_jax.models.convert.resnetv2).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fi_jax.models.convert import readers
+from fi_jax.models import layers
+from fi_jax.models.convert import resnet as convert_resnet
+from fi_jax.models.convert import resnetv2 as convert_resnetv2
+from fi_jax.models.resnet import timm_pretrained as _timm
+
+ARCHS: dict[str, dict] = {
+    "resnetv2_50x1_bit": dict(depths=(3, 4, 6, 3), width_factor=1),
+    "resnetv2_50x3_bit": dict(depths=(3, 4, 6, 3), width_factor=3),
+    "resnetv2_101x1_bit": dict(depths=(3, 4, 23, 3), width_factor=1),
+    "resnetv2_101x3_bit": dict(depths=(3, 4, 23, 3), width_factor=3),
+    "resnetv2_152x2_bit": dict(depths=(3, 8, 36, 3), width_factor=2),
+    "resnetv2_152x4_bit": dict(depths=(3, 8, 36, 3), width_factor=4),
+}
+
+# timm's BiT weights (Inception mean / std 0.5): variant, eval transform (pp), file.
+_timm = functools.partial(_timm, norm="inception")
+PRETRAINED: dict[str, dict] = {
+    **_timm("resnetv2_50x1_bit.goog_distilled_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnetv2_50x1_bit.goog_in21k", 224, 0.875, "bilinear", 21843),
+    **_timm("resnetv2_50x1_bit.goog_in21k_ft_in1k", 448, 1.0, "bilinear"),
+    **_timm("resnetv2_50x3_bit.goog_in21k", 224, 0.875, "bilinear", 21843),
+    **_timm("resnetv2_50x3_bit.goog_in21k_ft_in1k", 448, 1.0, "bilinear"),
+    **_timm("resnetv2_101x1_bit.goog_in21k", 224, 0.875, "bilinear", 21843),
+    **_timm("resnetv2_101x1_bit.goog_in21k_ft_in1k", 448, 1.0, "bilinear"),
+    **_timm("resnetv2_101x3_bit.goog_in21k", 224, 0.875, "bilinear", 21843),
+    **_timm("resnetv2_101x3_bit.goog_in21k_ft_in1k", 448, 1.0, "bilinear"),
+    **_timm("resnetv2_152x2_bit.goog_in21k", 224, 0.875, "bilinear", 21843),
+    **_timm("resnetv2_152x2_bit.goog_in21k_ft_in1k", 448, 1.0, "bilinear"),
+    **_timm("resnetv2_152x2_bit.goog_teacher_in21k_ft_in1k", 224, 0.875, "bicubic"),
+    **_timm("resnetv2_152x2_bit.goog_teacher_in21k_ft_in1k_384", 384, 1.0, "bicubic"),
+    **_timm("resnetv2_152x4_bit.goog_in21k", 224, 0.875, "bilinear", 21843),
+    **_timm("resnetv2_152x4_bit.goog_in21k_ft_in1k", 480, 1.0, "bilinear"),
+}
+
+DOWNLOAD_HINT = ("BiT ResNetV2 weights: timm's https://huggingface.co/timm/resnetv2_<depth>x"
+                 "<width>_bit.<tag> model.safetensors (see fi_jax.models.resnetv2.PRETRAINED)")
+
+
+def make_divisible(v: float, divisor: int = 8) -> int:
+  """timm's make_divisible (round to the nearest multiple, never below 90% of `v`)."""
+  new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
+  return new_v + divisor if new_v < 0.9 * v else new_v
+
+
+class StdConv(nn.Module):
+  """timm StdConv2d: the kernel standardised per output filter (biased variance, eps) at
+  every call, then a conv with symmetric padding ((stride - 1) + (k - 1)) // 2, no bias."""
+  features: int
+  kernel: int
+  stride: int = 1
+  eps: float = 1e-8
+  dtype: str = "float32"
+  precision: Any = layers.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    k = self.kernel
+    w = self.param("kernel", nn.initializers.lecun_normal(), (k, k, x.shape[-1], self.features),
+                   jnp.float32)
+    mean = jnp.mean(w, axis=(0, 1, 2), keepdims=True)
+    var = jnp.mean(jnp.square(w - mean), axis=(0, 1, 2), keepdims=True)
+    w = (w - mean) * jax.lax.rsqrt(var + self.eps)
+    p = ((self.stride - 1) + (k - 1)) // 2
+    cdt = layers.compute_dtype(self.dtype)
+    return jax.lax.conv_general_dilated(
+        x.astype(cdt), w.astype(cdt), (self.stride, self.stride), ((p, p), (p, p)),
+        dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=self.precision)
+
+
+class GroupNormAct(nn.Module):
+  """torch GroupNorm(groups, eps) (statistics in float32) followed by ReLU."""
+  groups: int = 32
+  eps: float = 1e-5
+
+  @nn.compact
+  def __call__(self, x):
+    c = x.shape[-1]
+    if c % self.groups:
+      raise ValueError(f"GroupNorm: {c} channels are not divisible by {self.groups} groups.")
+    scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
+    y = x.astype(jnp.float32).reshape(*x.shape[:-1], self.groups, c // self.groups)
+    mean = jnp.mean(y, axis=(1, 2, 4), keepdims=True)
+    var = jnp.mean(jnp.square(y - mean), axis=(1, 2, 4), keepdims=True)
+    y = ((y - mean) * jax.lax.rsqrt(var + self.eps)).reshape(x.shape) * scale + bias
+    return nn.relu(y).astype(x.dtype)
+
+
+class PreActBottleneck(nn.Module):
+  """timm PreActBottleneck (stride on the 3x3 conv)."""
+  features: int
+  stride: int = 1
+  proj: bool = False
+  bottle_ratio: float = 0.25
+  groups: int = 32
+  gn_eps: float = 1e-5
+  ws_eps: float = 1e-8
+  dtype: str = "float32"
+  precision: Any = layers.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    conv = functools.partial(StdConv, eps=self.ws_eps, dtype=self.dtype, precision=self.precision)
+    norm = functools.partial(GroupNormAct, self.groups, self.gn_eps)
+    mid = make_divisible(self.features * self.bottle_ratio)
+    x_pre = norm(name="norm1")(x)
+    shortcut = x
+    if self.proj:
+      shortcut = conv(self.features, 1, self.stride, name="downsample_conv")(x_pre)
+    y = norm(name="norm2")(conv(mid, 1, name="conv1")(x_pre))
+    y = norm(name="norm3")(conv(mid, 3, self.stride, name="conv2")(y))
+    return conv(self.features, 1, name="conv3")(y) + shortcut
+
+
+class ResNetV2(nn.Module):
+  """BiT ResNetV2: stem, 4 stages (the first block of each projects), GN-ReLU, pool, head."""
+  num_classes: Optional[int] = 1000
+  depths: Sequence[int] = (3, 4, 6, 3)
+  channels: Sequence[int] = (256, 512, 1024, 2048)
+  width_factor: int = 1
+  stem_width: int = 64
+  stem: str = "fixed"             # "fixed" (BiT: zero pad 1 + max pool) | "" (pool padding 1)
+  bottle_ratio: float = 0.25
+  groups: int = 32                # GroupNorm groups
+  gn_eps: float = 1e-5
+  ws_eps: float = 1e-8            # StdConv2d eps of timm's BiT models
+  dtype: str = "float32"
+  precision: Any = layers.HIGHEST
+
+  @nn.compact
+  def __call__(self, images, *, train: bool = False):
+    del train   # inference only
+    if self.stem not in ("fixed", ""):
+      raise ValueError(f"stem must be 'fixed' (BiT) or '', got {self.stem!r}.")
+    out = {}
+    x = jnp.asarray(images, layers.compute_dtype(self.dtype))
+    x = StdConv(make_divisible(self.stem_width * self.width_factor), 7, 2, self.ws_eps,
+                self.dtype, self.precision, name="stem_conv")(x)
+    if self.stem == "fixed":
+      x = layers.max_pool(jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0))), 3, 2, 0)
+    else:
+      x = layers.max_pool(x, 3, 2, 1)
+    out["stem"] = x
+    for s, (depth, c) in enumerate(zip(self.depths, self.channels)):
+      for b in range(depth):
+        x = PreActBottleneck(
+            make_divisible(c * self.width_factor), 2 if s > 0 and b == 0 else 1, b == 0,
+            self.bottle_ratio, self.groups, self.gn_eps, self.ws_eps, self.dtype,
+            self.precision, name=f"stage{s}_{b}")(x)
+      out[f"stage{s + 1}"] = x
+    x = GroupNormAct(self.groups, self.gn_eps, name="norm")(x)
+    x = out["pre_logits"] = layers.global_avg_pool(x)
+    if self.num_classes:
+      x = out["logits"] = nn.Dense(self.num_classes, precision=self.precision, name="head")(x)
+    return x, out
+
+
+def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> ResNetV2:  # pylint: disable=invalid-name
+  """`Model(1000, variant="resnetv2_50x1_bit")`; `kw` overrides ARCHS fields (e.g. dtype)."""
+  if variant not in ARCHS:
+    raise ValueError(f"Unknown ResNetV2 variant {variant!r}; known: {sorted(ARCHS)}.")
+  return ResNetV2(num_classes, **{**ARCHS[variant], **kw})
+
+
+def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = None,
+         dont_load: Sequence[str] = ()) -> dict:
+  """timm ResNetV2 state dict (.safetensors / .pth) -> params on `init_params`'s tree (arrays
+  or ShapeDtypeStructs). A model without a head (num_classes=None) drops the file's
+  `head.fc`; other mismatches raise CheckpointError naming the key and the file."""
+  del model_cfg   # timm is the only source
+  init_params = jax.device_get(init_params)
+  sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
+  flat = convert_resnetv2.convert(sd, source=init_file, hint=DOWNLOAD_HINT)
+  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load)

@@ -1,0 +1,412 @@
+"""Vision Transformer in big_vision's layout (parameter names, pooling, posemb).
+
+`Model(num_classes, variant="B/16", pool_type="gap", ...)` builds the same parameter tree
+as big_vision's `models/vit.py`, so its `.npz` checkpoints map one to one (see `load`).
+`apply({'params': p}, images)` takes NHWC float32 images and returns `(logits, out)`;
+`out["pre_logits"]` holds the penultimate features the OOD detectors use.
+
+The building blocks (`MlpBlock`, `Encoder1DBlock`, `Encoder`, `MAPHead`) take a few extra
+knobs (activation, LayerNorm epsilon, LayerScale, attention mask) so that the PyTorch-born
+families (CLIP, DINOv2) reuse them instead of re-implementing a transformer.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fi_jax.models import checkpoints as ckpt
+from fi_jax.models import posemb, releases
+from fi_jax.models.convert import hf_siglip, naflex, readers, timm_vit
+from fi_jax.models.convert import torch_layers as tl
+
+_VARIANTS = {
+    # name: (width, depth, mlp_dim, num_heads), Table 2 of arXiv 2106.04560 + big_vision extras.
+    "mu": (32, 1, 128, 2),
+    "Ti": (192, 12, 768, 3),
+    "S": (384, 12, 1536, 6),
+    "M": (512, 12, 2048, 8),
+    "B": (768, 12, 3072, 12),
+    "L": (1024, 24, 4096, 16),
+    "So400m": (1152, 27, 4304, 16),
+    "H": (1280, 32, 5120, 16),
+    "g": (1408, 40, 6144, 16),
+    "g-opt": (1536, 40, 6144, 16),
+    "G": (1664, 48, 8192, 16),
+    "G-opt": (1536, 48, 8192, 16),
+    "e": (1792, 56, 15360, 16),
+}
+
+
+def decode_variant(variant: Optional[str]) -> dict:
+  """'B/16' -> dict(width=768, depth=12, mlp_dim=3072, num_heads=12, patch_size=(16, 16))."""
+  if variant is None:
+    return {}
+  name, _, patch = variant.partition("/")
+  if name not in _VARIANTS:
+    raise ValueError(f"Unknown ViT variant {variant!r}; known: {sorted(_VARIANTS)} (optionally '/<patch>').")
+  width, depth, mlp_dim, heads = _VARIANTS[name]
+  out = dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=heads)
+  if patch:
+    out["patch_size"] = (int(patch), int(patch))
+  return out
+
+
+def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+  """Named activations: big_vision uses tanh-GELU; PyTorch models use exact GELU or QuickGELU."""
+  acts = {
+      "gelu": lambda x: nn.gelu(x, approximate=True),
+      "gelu_exact": lambda x: nn.gelu(x, approximate=False),
+      "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+      "relu": nn.relu,
+      "silu": nn.silu,
+      # SwiGLU on a fused [x1 | x2] projection (DINOv2 giant): silu(x1) * x2 halves the width.
+      "swiglu": lambda x: nn.silu(x[..., :x.shape[-1] // 2]) * x[..., x.shape[-1] // 2:],
+  }
+  if name not in acts:
+    raise ValueError(f"Unknown activation {name!r}; known: {sorted(acts)}.")
+  return acts[name]
+
+
+def l2_normalize(z, eps: float = 1e-8):
+  """z / (|z| + eps) along the last axis; numpy in -> numpy out (in its dtype), else jax."""
+  xp = np if isinstance(z, np.ndarray) else jnp
+  return z / (xp.linalg.norm(z, axis=-1, keepdims=True) + eps)
+
+
+def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.,
+                     dtype=jnp.float32) -> jax.Array:
+  """MoCo-v3 / big_vision fixed 2-D sin-cos position embedding, shape (1, h*w, width)."""
+  if width % 4:
+    raise ValueError(f"sincos2d posemb needs width divisible by 4, got {width}.")
+  y, x = np.mgrid[:h, :w]
+  omega = np.arange(width // 4) / (width // 4 - 1)
+  omega = 1. / (temperature ** omega)
+  y = np.einsum("m,d->md", y.flatten(), omega)
+  x = np.einsum("m,d->md", x.flatten(), omega)
+  pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+  return jnp.asarray(pe, dtype)[None, :, :]
+
+
+def get_posemb(module: nn.Module, typ: str, seqshape: Sequence[int], width: int, name: str,
+               dtype=jnp.float32) -> jax.Array:
+  if typ == "learn":
+    return module.param(name, nn.initializers.normal(stddev=1 / np.sqrt(width)),
+                        (1, int(np.prod(seqshape)), width), dtype)
+  if typ == "sincos2d":
+    return posemb_sincos_2d(*seqshape, width, dtype=dtype)
+  raise ValueError(f"Unknown posemb type {typ!r}; use 'learn' or 'sincos2d'.")
+
+
+class MlpBlock(nn.Module):
+  """Dense -> activation -> dropout -> Dense (names Dense_0 / Dense_1 as in big_vision)."""
+  mlp_dim: Optional[int] = None
+  dropout: float = 0.0
+  act: str = "gelu"
+  dtype_mm: str = "float32"
+
+  @nn.compact
+  def __call__(self, x, deterministic=True):
+    inits = dict(kernel_init=nn.initializers.xavier_uniform(),
+                 bias_init=nn.initializers.normal(stddev=1e-6))
+    d = x.shape[-1]
+    x = nn.Dense(self.mlp_dim or 4 * d, dtype=self.dtype_mm, **inits)(x)
+    x = activation(self.act)(x)
+    x = nn.Dropout(rate=self.dropout)(x, deterministic)
+    return nn.Dense(d, dtype=self.dtype_mm, **inits)(x)
+
+
+class LayerScale(nn.Module):
+  """Per-channel learned scale (DINOv2 / CaiT); parameter `scale` of shape (width,)."""
+  init_value: float = 1e-5
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.initializers.constant(self.init_value), (x.shape[-1],),
+                       jnp.float32)   # explicit: the initializer's default is float64 under x64
+    return x * scale
+
+
+def heads_first_attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
+                          dropout_rng=None, dropout_rate=0., deterministic=True, dtype=None,
+                          precision=None, force_fp32_for_softmax=False):
+  """flax's dot_product_attention with the heads axis moved before the sequence axes.
+
+  Same math (query scaled by 1/sqrt(d) first, masked logits set to finfo.min); XLA:CPU runs
+  the [b, h, q, d] contractions about twice as fast as flax's [b, q, h, d] ones. Training with
+  attention dropout (or an additive bias) falls back to flax's function.
+  """
+  if bias is not None or (dropout_rate > 0. and not deterministic):
+    return nn.dot_product_attention(
+        query, key, value, bias=bias, mask=mask, broadcast_dropout=broadcast_dropout,
+        dropout_rng=dropout_rng, dropout_rate=dropout_rate, deterministic=deterministic,
+        dtype=dtype, precision=precision, force_fp32_for_softmax=force_fp32_for_softmax)
+  dtype = dtype or query.dtype
+  q = jnp.swapaxes(query, -3, -2) / jnp.sqrt(query.shape[-1]).astype(dtype)
+  k, v = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
+  logits = jnp.einsum("...hqd,...hkd->...hqk", q, k, precision=precision)
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+  if force_fp32_for_softmax:
+    logits = logits.astype(jnp.float32)
+  weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+  return jnp.swapaxes(jnp.einsum("...hqk,...hkd->...hqd", weights, v, precision=precision),
+                      -3, -2)
+
+
+_ATTENTION = {"flax": nn.dot_product_attention, "heads_first": heads_first_attention}
+
+
+class Encoder1DBlock(nn.Module):
+  """Pre-LN transformer block: x + MHA(LN(x)); x + MLP(LN(x)) (optionally LayerScaled)."""
+  mlp_dim: Optional[int] = None
+  num_heads: int = 12
+  dropout: float = 0.0
+  act: str = "gelu"
+  ln_eps: float = 1e-6
+  layerscale: Optional[float] = None
+  dtype_mm: str = "float32"
+  attention: str = "heads_first"    # or "flax" (same math; heads_first is faster on XLA:CPU)
+
+  @nn.compact
+  def __call__(self, x, deterministic=True, mask=None):
+    out = {}
+    y = nn.LayerNorm(epsilon=self.ln_eps)(x)
+    y = out["sa"] = nn.MultiHeadDotProductAttention(
+        num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform(),
+        deterministic=deterministic, dtype=self.dtype_mm,
+        attention_fn=_ATTENTION[self.attention])(y, y, mask=mask)
+    if self.layerscale is not None:
+      y = LayerScale(self.layerscale, name="LayerScale_0")(y)
+    y = nn.Dropout(rate=self.dropout)(y, deterministic)
+    x = out["+sa"] = x + y
+
+    y = nn.LayerNorm(epsilon=self.ln_eps)(x)
+    y = out["mlp"] = MlpBlock(mlp_dim=self.mlp_dim, dropout=self.dropout, act=self.act,
+                              dtype_mm=self.dtype_mm)(y, deterministic)
+    if self.layerscale is not None:
+      y = LayerScale(self.layerscale, name="LayerScale_1")(y)
+    y = nn.Dropout(rate=self.dropout)(y, deterministic)
+    x = out["+mlp"] = x + y
+    return x, out
+
+
+class Encoder(nn.Module):
+  """`depth` blocks (unrolled `encoderblock_{i}` or scanned `encoderblock`) + `encoder_norm`."""
+  depth: int
+  mlp_dim: Optional[int] = None
+  num_heads: int = 12
+  dropout: float = 0.0
+  act: str = "gelu"
+  ln_eps: float = 1e-6
+  layerscale: Optional[float] = None
+  scan: bool = False
+  remat_policy: str = "nothing_saveable"
+  final_norm: bool = True
+  dtype_mm: str = "float32"
+  attention: str = "heads_first"
+
+  @nn.compact
+  def __call__(self, x, deterministic=True, mask=None):
+    out = {}
+    kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout, act=self.act,
+              ln_eps=self.ln_eps, layerscale=self.layerscale, dtype_mm=self.dtype_mm,
+              attention=self.attention)
+    if self.scan:
+      block = nn.remat(Encoder1DBlock, prevent_cse=False, static_argnums=(2,),
+                       policy=getattr(jax.checkpoint_policies, self.remat_policy, None))
+      x, scan_out = nn.scan(
+          block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+          in_axes=(nn.broadcast, nn.broadcast), length=self.depth)(
+              name="encoderblock", **kw)(x, deterministic, mask)
+      for lyr in range(self.depth):
+        out[f"block{lyr:02d}"] = jax.tree.map(lambda o, lyr=lyr: o[lyr], scan_out)
+    else:
+      for lyr in range(self.depth):
+        x, out[f"block{lyr:02d}"] = Encoder1DBlock(name=f"encoderblock_{lyr}", **kw)(
+            x, deterministic, mask)
+    out["pre_ln"] = x
+    if self.final_norm:
+      x = nn.LayerNorm(epsilon=self.ln_eps, name="encoder_norm")(x)
+    return x, out
+
+
+class MAPHead(nn.Module):
+  """Multihead attention pooling with one learned probe (big_vision `MAPHead_0`)."""
+  mlp_dim: Optional[int] = None
+  num_heads: int = 12
+  act: str = "gelu"
+  ln_eps: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x):
+    n, _, d = x.shape
+    probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d), x.dtype)
+    probe = jnp.tile(probe, [n, 1, 1])
+    x = nn.MultiHeadDotProductAttention(
+        num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform())(probe, x)
+    y = nn.LayerNorm(epsilon=self.ln_eps)(x)
+    x = x + MlpBlock(mlp_dim=self.mlp_dim, act=self.act)(y)
+    return x[:, 0]
+
+
+class _Model(nn.Module):
+  """ViT. Field names and defaults follow big_vision's `vit._Model`."""
+  num_classes: Optional[int] = None
+  patch_size: Sequence[int] = (16, 16)
+  width: int = 768
+  depth: int = 12
+  mlp_dim: Optional[int] = None
+  num_heads: int = 12
+  posemb: str = "learn"
+  rep_size: Any = False
+  dropout: float = 0.0
+  pool_type: str = "gap"
+  head_zeroinit: bool = True
+  scan: bool = False
+  remat_policy: str = "nothing_saveable"
+  dtype_mm: str = "float32"
+  act: str = "gelu"
+  ln_eps: float = 1e-6
+  layerscale: Optional[float] = None
+
+  @nn.compact
+  def __call__(self, image, *, train=False):
+    out = {}
+    image = jnp.asarray(image, self.dtype_mm)
+    x = out["stem"] = nn.Conv(self.width, self.patch_size, strides=self.patch_size,
+                              padding="VALID", name="embedding", dtype=self.dtype_mm)(image)
+    n, h, w, c = x.shape
+    x = jnp.reshape(x, [n, h * w, c])
+    x = out["with_posemb"] = x + get_posemb(self, self.posemb, (h, w), c, "pos_embedding", x.dtype)
+
+    if self.pool_type == "tok":
+      cls = self.param("cls", nn.initializers.zeros, (1, 1, c), x.dtype)
+      x = jnp.concatenate([jnp.tile(cls, [n, 1, 1]), x], axis=1)
+
+    n, _, c = x.shape
+    x = nn.Dropout(rate=self.dropout)(x, not train)
+    x, out["encoder"] = Encoder(
+        depth=self.depth, mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
+        act=self.act, ln_eps=self.ln_eps, layerscale=self.layerscale, scan=self.scan,
+        remat_policy=self.remat_policy, dtype_mm=self.dtype_mm, name="Transformer")(x, deterministic=not train)
+    encoded = out["encoded"] = x
+
+    if self.pool_type == "map":
+      x = out["head_input"] = MAPHead(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
+                                      act=self.act, ln_eps=self.ln_eps)(x)
+    elif self.pool_type == "gap":
+      x = out["head_input"] = jnp.mean(x, axis=1)
+    elif self.pool_type == "0":
+      x = out["head_input"] = x[:, 0]
+    elif self.pool_type == "tok":
+      x = out["head_input"] = x[:, 0]
+      encoded = encoded[:, 1:]
+    elif self.pool_type == "none":
+      pass
+    else:
+      raise ValueError(f"Unknown pool type {self.pool_type!r}; use tok, gap, 0, map or none.")
+
+    x_2d = jnp.reshape(encoded, [n, h, w, -1])
+
+    if self.rep_size:
+      rep_size = self.width if self.rep_size is True else self.rep_size
+      hid = nn.Dense(rep_size, name="pre_logits")
+      x_2d = nn.tanh(hid(x_2d))
+      x = nn.tanh(hid(x))
+
+    out["pre_logits_2d"] = x_2d
+    out["pre_logits"] = x
+
+    if self.num_classes:
+      kw = {"kernel_init": nn.initializers.zeros} if self.head_zeroinit else {}
+      head = nn.Dense(self.num_classes, name="head", **kw)
+      x_2d = out["logits_2d"] = head(x_2d)
+      x = out["logits"] = head(x)
+
+    return x, out
+
+
+def Model(num_classes: Optional[int] = None, *, variant: Optional[str] = None, **kw) -> _Model:  # pylint: disable=invalid-name
+  """Factory as in big_vision: `Model(1000, variant="B/16", pool_type="tok")`."""
+  return _Model(num_classes, **{**decode_variant(variant), **kw})
+
+
+# ----------------------------------------------------------------------------- loading
+
+def fix_old_checkpoints(params: dict) -> dict:
+  """Old big_vision / AugReg layouts -> current names (pre-Linen numbering, posemb location,
+  cls slot folded into `cls`, inlined MAP head)."""
+  params = ckpt.convert_pre_linen(dict(params))
+  enc = dict(params.get("Transformer", {}))
+  if "posembed_input" in enc:
+    params["pos_embedding"] = enc.pop("posembed_input")["pos_embedding"]
+  if "pos_embedding" in enc:
+    params["pos_embedding"] = enc.pop("pos_embedding")
+  if "Transformer" in params:
+    params["Transformer"] = enc
+  if "pos_embedding" in params:
+    pe = np.asarray(params["pos_embedding"])
+    n = pe.shape[1]
+    if int(np.sqrt(n)) ** 2 + 1 == n:  # old layout: posemb also covered the cls token
+      pe_cls, params["pos_embedding"] = pe[:, :1], pe[:, 1:]
+      if "cls" in params:
+        params["cls"] = np.asarray(params["cls"]) + pe_cls.astype(np.asarray(params["cls"]).dtype)
+  if "probe" in params:
+    params["MAPHead_0"] = {k: params.pop(k) for k in
+                           ("probe", "MlpBlock_0", "MultiHeadDotProductAttention_0", "LayerNorm_0")
+                           if k in params}
+  return params
+
+
+def _from_safetensors(flat: Mapping[str, np.ndarray], num_heads: int, source: str, hint: str) -> dict:
+  """Detects the naming (timm ViT or HF SigLIP vision tower) and converts to big_vision."""
+  if "patch_embed.proj.weight" in flat:
+    return timm_vit.vit(flat, num_heads, source, hint)
+  for prefix in ("vision_model.", ""):
+    if f"{prefix}embeddings.patch_embedding.weight" in flat:
+      return hf_siglip.vision(flat, num_heads, prefix, source, hint)
+  raise ckpt.CheckpointError(
+      f"{source}: not a timm ViT (no 'patch_embed.proj.weight') nor an HF SigLIP vision tower "
+      f"(no 'vision_model.embeddings.patch_embedding.weight'); first keys: {sorted(flat)[:5]}. {hint}")
+
+
+def prepare(tree: dict, init_params: Mapping[str, Any]) -> dict:
+  """Old-layout fixes, NaFlex -> fixed resolution, scan <-> unrolled to match init, posemb
+  resampled to init's grid."""
+  tree = naflex.to_fixed_resolution(fix_old_checkpoints(tree), init_params)
+  if "Transformer" in tree and "Transformer" in init_params:
+    tree["Transformer"] = ckpt.match_scan(dict(tree["Transformer"]), init_params["Transformer"])
+  if "pos_embedding" in tree and "pos_embedding" in init_params:
+    new_shape = np.shape(init_params["pos_embedding"])
+    if np.shape(tree["pos_embedding"]) != new_shape:
+      tree["pos_embedding"] = posemb.resample_posemb(tree["pos_embedding"], new_shape)
+  return tree
+
+
+def load(init_params: Mapping[str, Any], init_file: str, model_cfg: Optional[Mapping] = None,
+         dont_load: Sequence[str] = ()) -> dict:
+  """Loads a ViT checkpoint onto `init_params` (the model's init tree); returns params.
+
+  `init_file`: a big_vision / AugReg `.npz` (optionally `file.npz:sub/key`, e.g. ':img' for a
+  SigLIP image tower; a two-tower file without a sub-key picks 'img'), a vanity name, or a
+  timm / HF SigLIP `model.safetensors`. Handles the `params/` and `opt/target` prefixes,
+  bfloat16 arrays, pre-Linen names, old posemb layouts, scanned or unrolled blocks, and
+  resamples the posemb to the init resolution. `dont_load`: regexes of params kept from init.
+  """
+  del model_cfg  # the init tree says everything (as in big_vision)
+  path, hint = releases.resolve_vanity(init_file, {**releases.VANITY_NAMES,
+                                                   **releases.SIGLIP_RELEASES})
+  file, key = readers.split_subkey(path)
+  if readers.is_safetensors(file):
+    tree = _from_safetensors(readers.load_safetensors(file, hint), tl.num_heads(init_params),
+                             file, hint)
+  else:
+    tree = readers.load_params(path, hint)
+    if not key and "img" in tree and "embedding" not in tree:
+      tree = tree["img"]
+  tree = prepare(tree, init_params)
+  return ckpt.merge_params(tree, init_params, dont_load, source=file, hint=hint)

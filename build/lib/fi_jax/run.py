@@ -1,0 +1,324 @@
+"""The benchmark run: config -> model -> sets -> extract -> detectors -> metrics -> report.
+
+`run(config, workdir)` is what `main.py` calls. The stages (sets, extraction, detectors,
+metric rows) are fi_jax/pipeline.py, shared with the big_vision evaluator; this module adds
+what a benchmark run needs around them:
+  1. model: `fi_jax.models.<config.model_name>` builds `Model(**config.model)`, loads
+     `config.model_init` (or trains on `config.train`, the demo), and gives a predictor
+     images -> (logits, penultimate features) plus the classifier `Head`;
+  2. extract: every set (`id_fit`, `id_test`, each of `ood`) through the jitted, sharded
+     forward, cached per set under `<workdir>/cache` (see fi_jax/cache.py);
+  3. detectors: each configured detector is fitted on the ID fit set and scores the ID test
+     set and every OOD set;
+  4. metrics and report: one row per (model, detector, ID set, OOD set) in
+     results.json / results.csv / results.md.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fi_jax import (cache, data, detectors, distributed, features, pipeline, preflight,
+                    preprocess, report, train)
+
+Log = Callable[[str], None]
+
+
+def _log_default(msg: str) -> None:
+  if jax.process_index() == 0:
+    print(msg, flush=True)
+
+
+def to_dict(config) -> dict:
+  return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+# ----------------------------------------------------------------------------- model
+
+def model_module(name: str):
+  """`fi_jax.models.<name>` (big_vision style: models are found by module name), or any
+  importable module given by a dotted path (`my_pkg.my_model`) with the same `Model` /
+  `load()` (/ `predictor()`) interface."""
+  full = name if "." in name else f"fi_jax.models.{name}"
+  try:
+    return importlib.import_module(full)
+  except ModuleNotFoundError as e:
+    if e.name and (full == e.name or full.startswith(e.name + ".")):
+      where = (f"fi_jax/models/{name}.py" if "." not in name else
+               f"module {name} (is its package on PYTHONPATH / installed?)")
+      raise ValueError(f"Unknown model_name {name!r}: no {where}.") from None
+    raise
+
+
+def default_predictor(model, params, config):
+  """Classifier models: logits from the model, features = out['pre_logits'], its linear head."""
+
+  def predict(p, images):
+    logits, out = model.apply({"params": p}, images)
+    return logits, out["pre_logits"]
+  if "head" not in params:
+    raise ValueError("The model has no classifier head ('head' params); set model.num_classes, "
+                     "or use a model family that provides a zero-shot head.")
+  head = detectors.Head(jnp.asarray(params["head"]["kernel"]), jnp.asarray(params["head"]["bias"]))
+  return predict, head
+
+
+def build_model(config, log: Log):
+  """Returns (predict_fn, params, head, model_meta)."""
+  t0 = time.time()
+  mod = model_module(config.model_name)
+  model_cfg = to_dict(config.model)
+  model = mod.Model(**model_cfg)
+  init_shape = tuple(config.get("init_shape", (1, 224, 224, 3)))
+  init = lambda: model.init(jax.random.PRNGKey(config.seed),
+                            jnp.zeros(init_shape, jnp.float32))["params"]
+  load_kw = to_dict(config.get("model_load", {}))
+  if config.get("model_init") and not config.get("train") and not load_kw.get("dont_load"):
+    params = jax.eval_shape(init)   # shapes only: every value comes from the checkpoint
+  else:
+    params = jax.jit(init)()
+  meta: dict[str, Any] = {"model_name": config.model_name, "model": model_cfg}
+  if config.get("model_init"):
+    t = time.time()
+    params = mod.load(params, config.model_init, model_cfg, **load_kw)
+    meta["model_init"] = config.model_init
+    log(f"Loaded {config.model_init} ({time.time() - t:.1f} s).")
+  if config.get("train"):
+    tcfg = to_dict(config.train)
+    arrays = data.train_arrays(to_dict(config.id_fit))
+    images = preprocess_arrays(config.pp, arrays["image"])
+    t = time.time()
+    log(f"Training {config.model_name} on {len(images)} ID images ({tcfg['steps']} steps).")
+    params = train.train_classifier(model, params, images, arrays["label"], seed=config.seed,
+                                    log=log, **tcfg)
+    meta["train_seconds"] = round(time.time() - t, 2)
+  factory = getattr(mod, "predictor", None) or default_predictor
+  predict, head = factory(model, params, config)
+  meta["build_seconds"] = round(time.time() - t0, 2)
+  return predict, params, head, meta
+
+
+def preprocess_arrays(pp: str, images: np.ndarray) -> np.ndarray:
+  """Applies a pp string to in-memory images (the trainer sees exactly what extraction sees)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy, ~6 s: only the demo trains)
+  fn = preprocess.get_preprocess_fn(pp)
+  ds = tf.data.Dataset.from_tensor_slices({"image": images}).map(fn).batch(4096)
+  return np.concatenate([b["image"] for b in ds.as_numpy_iterator()]).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- sets
+
+def set_specs(config) -> dict[str, dict]:
+  """{set name: spec} for the ID fit set, the ID test set and every OOD set; the OOD sets in
+  `config.ood_order` (ConfigDict sorts its keys), the others after them."""
+  ood = to_dict(config.ood)
+  order = [n for n in (config.get("ood_order") or ()) if n in ood]
+  ood = {n: ood[n] for n in order + [n for n in ood if n not in order]}
+  return pipeline.set_specs(to_dict(config.id_fit), to_dict(config.id_test), ood)
+
+
+def model_key(config) -> str:
+  """What determines the model's outputs: the cache key of everything extracted with it."""
+  return cache.key_of(config.model_name, to_dict(config.model), config.get("model_init", ""),
+                      to_dict(config.get("model_load", {})), to_dict(config.get("train") or {}),
+                      config.pp, config.seed, list(config.get("init_shape", ())))
+
+
+class LazyModel:
+  """Builds (loads or trains) the model only when something is not in the cache yet."""
+
+  def __init__(self, config, log: Log):
+    self.config, self.log, self._built = config, log, None
+
+  def get(self):
+    """(predict_fn, params, head, model_meta)."""
+    if self._built is None:
+      self._built = build_model(self.config, self.log)
+    return self._built
+
+
+def extract_sets(config, model: LazyModel, workdir: str, log: Log,
+                 dets: dict) -> dict[str, dict[str, np.ndarray]]:
+  """Features/logits of every set, from the cache or by running the model (then cached)."""
+  root = os.path.join(workdir, "cache")
+
+  def path(name, spec, scorer_names):
+    return (cache.set_dir(root, model_key(config), name) + "-"
+            + cache.key_of(spec, sorted(scorer_names)))
+
+  def load(name, spec, scorer_names):
+    p = path(name, spec, scorer_names)
+    cached = cache.load(p) if config.get("cache", True) else None
+    if cached is not None:
+      log(f"{name}: {len(cached['logits'])} examples from cache {p}")
+    return cached
+
+  def save(name, spec, scorer_names, arrays, seconds):
+    if jax.process_index() == 0:
+      cache.save(path(name, spec, scorer_names), arrays,
+                 {"set": name, "spec": spec, "seconds": seconds})
+
+  return pipeline.extract_sets(
+      set_specs(config), lambda: model.get()[:2], dets,
+      pp_fn=preprocess.get_preprocess_fn(config.pp), batch_size=config.batch_size,
+      mesh=distributed.data_mesh(), input_std=config.get("input_std", (0.5, 0.5, 0.5)),
+      log=log, load=load, save=save)
+
+
+def cached_head(config, model: LazyModel, workdir: str):
+  """The classifier head (cached beside the features, so a rerun needs no model at all)."""
+  path = os.path.join(workdir, "cache", model_key(config), "head")
+  arrays = cache.load(path) if config.get("cache", True) else None
+  if arrays is None:
+    head = model.get()[2]
+    arrays = {"w": np.asarray(head.w), "b": np.asarray(head.b)}
+    if jax.process_index() == 0:
+      cache.save(path, arrays, {"model_name": config.model_name})
+  return detectors.Head(jnp.asarray(arrays["w"]), jnp.asarray(arrays["b"]))
+
+
+# ----------------------------------------------------------------------------- detectors
+
+def build_detectors(config) -> dict[str, Any]:
+  """{name: detector} of `config.detectors` with the preset and per-detector hparams."""
+  return pipeline.build_detectors(config.detectors, config.get("detector_preset") or None,
+                                  to_dict(config.get("detector_hparams", {})))
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def feature_sets(config, specs: dict[str, dict], dets: dict):
+  """(sets, head, model_meta) of a config whose sets are all `source="features"` (arrays
+  extracted elsewhere, see fi_jax/features.py): no model, no extraction, no cache."""
+  scorers = [n for n, d in dets.items() if "inputs" in d.needs]
+  if scorers:
+    raise ValueError(f"Detector(s) {scorers} score the images themselves and cannot run on "
+                     "features read from files; drop them from config.detectors.")
+  head = features.load_head(config.head) if config.get("head") else None
+  sets = features.load_sets(specs, head)
+  return sets, head, {"model_name": config.get("model_name", "features"),
+                      "source": "features", "head": config.get("head") or None}
+
+
+def _kept_sets(workdir: str) -> int:
+  """How many finished sets the feature cache holds (for the Ctrl-C line)."""
+  root = os.path.join(workdir, "cache")
+  return sum("meta.json" in files for _, _, files in os.walk(root))
+
+
+def report_extras(config, specs: dict[str, dict], sets: dict) -> dict:
+  """meta additions for the report: OOD class names of every OOD set with groups, and the ID
+  class each OOD class is most often predicted as (argmax of the logits)."""
+  id_names = data.class_names(specs["id_test"])
+  names, predicted = {}, {}
+  for set_name, spec in specs.items():
+    if not set_name.startswith("ood/"):
+      continue
+    ood = set_name[len("ood/"):]
+    groups = sets[set_name].get("group")
+    if groups is None or not (np.asarray(groups) >= 0).any():
+      continue
+    gn = data.group_names(spec)
+    if gn:
+      names[ood] = gn
+    logits = sets[set_name]["logits"]
+    cls = id_names
+    if cls is None or len(cls) != logits.shape[1]:
+      cls = data.default_class_names(logits.shape[1])
+    predicted[ood] = report.predicted_as(logits, groups, cls)
+  return {"group_names": names, "predicted_as": predicted}
+
+
+def run(config, workdir: str, log: Log = _log_default) -> dict:
+  """Runs the whole benchmark described by `config`; writes and returns the results."""
+  t_start = time.time()
+  timings: dict[str, float] = {}
+  if config.get("x64", True):
+    jax.config.update("jax_enable_x64", True)
+
+  dets = build_detectors(config)   # fails fast on unknown detector names / hparams
+  specs = set_specs(config)
+  t = time.time()
+  preflight.run(config, specs)     # every set, file and checkpoint: all problems at once
+  log(f"Preflight: {len(specs)} sets and the model's files are in place ({time.time() - t:.1f} s).")
+  os.makedirs(workdir, exist_ok=True)
+  random_init = bool(config.get("random_init", False))
+  if random_init and not config.get("model_init"):
+    log("WARNING: random_init=True: the model has random weights (not a released model).")
+
+  from_features = [features.is_features_spec(s) for s in specs.values()]
+  t = time.time()
+  if all(from_features):
+    sets, head, model_meta = feature_sets(config, specs, dets)
+  elif any(from_features):
+    raise ValueError("Either every set or none is source='features' (a model cannot extract "
+                     "the others while some come from files).")
+  else:
+    model = LazyModel(config, log)
+    try:
+      sets = extract_sets(config, model, workdir, log, dets)
+    except KeyboardInterrupt:
+      log(f"\nInterrupted: {_kept_sets(workdir)} finished set(s) kept in "
+          f"{os.path.join(workdir, 'cache')}; rerun the same command to resume.")
+      raise
+    head = cached_head(config, model, workdir)
+    model_meta = model.get()[3] if model._built else {  # pylint: disable=protected-access
+        "model_name": config.model_name, "model": to_dict(config.model), "from_cache": True}
+  timings["extract"] = time.time() - t   # includes building the model, if needed
+
+  t = time.time()
+  log(f"Detectors ({len(dets)}):")
+  scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True)
+  timings["detectors"] = time.time() - t
+
+  t = time.time()
+  mcfg = to_dict(config.get("metrics", {}))
+  rows = pipeline.metric_rows(
+      scores, sets, model=config.get("model_label") or config.model_name,
+      id_set=config.get("id_name", "id"), tpr=mcfg.get("tpr", 0.95),
+      per_group=mcfg.get("per_group", True), n_bootstrap=mcfg.get("n_bootstrap", 0),
+      seed=config.seed)
+  timings["metrics"] = time.time() - t
+  log(f"Metrics: {len(rows)} rows ({len(scores)} detectors x "
+      f"{sum(s.startswith('ood/') for s in sets)} OOD sets) in {timings['metrics']:.1f} s.")
+
+  results = {
+      "meta": {
+          "config": to_dict(config), "workdir": os.path.abspath(workdir),
+          "versions": report.versions(), "platform": platform.platform(),
+          "devices": [str(d) for d in jax.devices()], "process_count": jax.process_count(),
+          "set_sizes": {k: int(len(v["logits"])) for k, v in sets.items()},
+          "ood_sets": [s[len("ood/"):] for s in specs if s.startswith("ood/")],
+          "random_init": random_init and not config.get("model_init"),
+          "timings_s": {},
+          "detector_errors": errors, **model_meta,
+      },
+      "id_accuracy": pipeline.id_accuracy(sets["id_test"]),
+      "rows": rows,
+      "failed": [{"detector": n, "failed": errors[n]} for n in dets if n in errors],
+  }
+  if jax.process_index() == 0:
+    t = time.time()
+    results["meta"].update(report_extras(config, specs, sets))
+    report.write_scores(workdir, scores, sets)
+    rcfg = to_dict(config.get("report", {}))
+    if rcfg.get("plots", True) and rows:
+      report.write_plots(workdir, results, scores, top=int(rcfg.get("plot_top", 5)))
+    timings["report"] = time.time() - t
+    timings["total"] = time.time() - t_start
+    results["meta"]["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+    report.write(results, workdir)
+    log(report.table(results))
+    log(f"Wrote {os.path.join(workdir, 'results.md')} (+ .json, .csv, scores/, plots/, "
+        f"per_class/) in {timings['total']:.1f} s.")
+  else:
+    timings["total"] = time.time() - t_start
+    results["meta"]["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+  return results

@@ -1,0 +1,27 @@
+"""TFDS builders for Fi-ImageNet-1k and the other ImageNet-1k OOD test sets.
+
+Importing this package registers the builders `fi_imagenet_1k`, `ninco`, `ssb_hard`,
+`inaturalist_ood`, `openimage_o` and `textures_ood` with TFDS, so that
+`tfds.builder(name, data_dir=...)` finds them. It imports tensorflow_datasets (about
+0.6 s) but not TensorFlow, and importing it again, or importing a builder module
+directly, never registers a name twice (Python caches the modules).
+
+Build: `python -m tfds_fi_imagenet build NAME --manual_dir=DIR --data_dir=DIR`
+(see README.md); read: `tfds.load(NAME, data_dir=DIR, download=False)`.
+"""
+import os as _os
+
+_os.environ.setdefault("NO_GCE_CHECK", "true")
+
+# pylint: disable=g-import-not-at-top,unused-import
+from tfds_fi_imagenet.fi_imagenet_1k import fi_imagenet_1k_dataset_builder
+from tfds_fi_imagenet.inaturalist_ood import inaturalist_ood_dataset_builder
+from tfds_fi_imagenet.ninco import ninco_dataset_builder
+from tfds_fi_imagenet.openimage_o import openimage_o_dataset_builder
+from tfds_fi_imagenet.ssb_hard import ssb_hard_dataset_builder
+from tfds_fi_imagenet.textures_ood import textures_ood_dataset_builder
+from tfds_fi_imagenet.build import DATASETS, build_dataset
+from tfds_fi_imagenet.subsets import per_class_subset, per_class_subset_counts
+# pylint: enable=g-import-not-at-top,unused-import
+
+__all__ = ["DATASETS", "build_dataset", "per_class_subset", "per_class_subset_counts"]

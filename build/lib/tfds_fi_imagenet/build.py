@@ -1,0 +1,71 @@
+"""Building the datasets of this package through TFDS's Python API (no apache-beam)."""
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Mapping, Optional
+
+os.environ.setdefault("NO_GCE_CHECK", "true")  # TF's GCS auth: never probe the GCE metadata server
+
+import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+from tfds_fi_imagenet import common  # pylint: disable=g-import-not-at-top
+
+# name -> whether the builder reads a manual dir (False: it downloads with checksums).
+DATASETS = {
+    "fi_imagenet_1k": True,
+    "ninco": False,
+    "ssb_hard": True,
+    "inaturalist_ood": False,
+    "openimage_o": True,
+    "textures_ood": False,
+    "imagenet2012": True,   # train split only, from ILSVRC2012_img_train.tar (imagenet2012_train.py)
+}
+
+
+def builder_class(name: str) -> type:
+  """The registered builder class of one of DATASETS."""
+  if name not in DATASETS:
+    raise common.UsageError(f"Unknown dataset {name!r}; this package builds: "
+                     f"{', '.join(sorted(DATASETS))}.")
+  import tfds_fi_imagenet  # pylint: disable=g-import-not-at-top,unused-import  (registers)
+  if name == "imagenet2012":   # TFDS's own dataset, prepared from the train tar alone
+    from tfds_fi_imagenet import imagenet2012_train  # pylint: disable=g-import-not-at-top
+    return imagenet2012_train.ImagenetTrainBuilder
+  return tfds.builder_cls(name)
+
+
+def build_dataset(name: str, *, data_dir: str, manual_dir: Optional[str] = None,
+                  config: Optional[str] = None, download_dir: Optional[str] = None,
+                  expected: Optional[Mapping[str, int]] = None,
+                  file_format: Optional[str] = None, register_checksums: bool = False,
+                  verify_md5: bool = True) -> tfds.core.DatasetBuilder:
+  """Prepares `name` (optionally `config`) into data_dir and returns its builder.
+
+  After this, `tfds.load(name, data_dir=data_dir, download=False)` reads it. `expected`
+  overrides the published split sizes (see common.OodBuilder); `verify_md5` applies to the
+  builders that check a published MD5 of their download (ninco, inaturalist_ood).
+  """
+  cls = builder_class(name)
+  needs_manual = DATASETS[name]
+  if needs_manual:
+    if not manual_dir:
+      raise FileNotFoundError(f"{name} needs --manual_dir: {cls.MANUAL_DOWNLOAD_INSTRUCTIONS}")
+    if not os.path.isdir(manual_dir):
+      raise FileNotFoundError(f"Manual dir {manual_dir} does not exist; it must hold the "
+                              f"files of {name}.")
+  kwargs = {}
+  if expected is not None:
+    kwargs["expected"] = dict(expected)
+  if not verify_md5:
+    if "verify_md5" not in inspect.signature(cls.__init__).parameters:
+      raise common.UsageError(f"{name} has no MD5 check to skip.")
+    kwargs["verify_md5"] = False
+  if config is not None and config not in cls.builder_configs:
+    raise common.UsageError(f"{name} has no config {config!r}; configs: "
+                     f"{', '.join(cls.builder_configs) or 'none'}.")
+  builder = cls(data_dir=data_dir, config=config, file_format=file_format, **kwargs)
+  download_config = tfds.download.DownloadConfig(
+      manual_dir=manual_dir, register_checksums=register_checksums, try_download_gcs=False)
+  builder.download_and_prepare(download_dir=download_dir, download_config=download_config)
+  return builder
