@@ -29,7 +29,7 @@ def test_demo_writes_all_reports(quick_run):
   workdir, res = quick_run
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
-  assert set(results) == {"meta", "id_accuracy", "rows"}
+  assert set(results) == {"meta", "id_accuracy", "rows", "failed"} and results["failed"] == []
   assert results["id_accuracy"] > 0.6      # 150 steps; the full demo reaches > 0.9
   detectors = {r["detector"] for r in results["rows"]}
   assert {"msp", "maxlogit", "energy"} <= detectors
