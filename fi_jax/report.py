@@ -446,7 +446,7 @@ def write_plots(workdir: str, results: Mapping, scores: Mapping[str, Mapping[str
 def heatmap(grid: np.ndarray, rows: Sequence[str], cols: Sequence[str], title: str,
             path: str) -> str:
   """A annotated heat map (lower = better = lighter) saved to `path`."""
-  fig, ax = plt.subplots(figsize=(1.4 + 1.1 * max(1, len(cols)), 1.0 + 0.35 * max(1, len(rows))))
+  fig, ax = plt.subplots(figsize=(3.0 + 1.1 * max(1, len(cols)), 1.0 + 0.35 * max(1, len(rows))))
   im = ax.imshow(grid, cmap="viridis_r", vmin=0, vmax=100, aspect="auto")
   ax.set_xticks(range(len(cols)), cols, rotation=30, ha="right", fontsize=8)
   ax.set_yticks(range(len(rows)), rows, fontsize=8)
