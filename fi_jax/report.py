@@ -565,7 +565,8 @@ def compare(workdirs: Sequence[str], out: Optional[str] = None,
       if (label, f["detector"]) not in keys:
         keys.append((label, f["detector"]))
   by = {(r["model"], r["detector"], r["ood_set"]): r for r in rows}
-  key_metric, where = DEFAULT_SORT_BY, (DEFAULT_SORT_SET if DEFAULT_SORT_SET in sets else sets[0])
+  key_metric = DEFAULT_SORT_BY
+  where = DEFAULT_SORT_SET if DEFAULT_SORT_SET in sets else (sets[0] if sets else "")
   sign = 1 if lower_is_better(key_metric) else -1
 
   def rank(k):
