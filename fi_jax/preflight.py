@@ -21,11 +21,11 @@ from fi_jax.models import releases
 from fi_jax.models.convert import readers
 
 _BUILD = "python -m tfds_fi_imagenet build {name}{manual} --data_dir={data_dir}"
-_TFDS_BUILD = ("prepare it with TFDS: tfds.builder({name!r}, data_dir={data_dir!r})"
-               ".download_and_prepare()")
+_TFDS_BUILD = ("tfds.builder({name!r}, data_dir={data_dir!r}).download_and_prepare()  "
+               "(a TFDS catalogue dataset)")
 _IMAGENET_BUILD = ("python -m tfds_fi_imagenet build imagenet2012 --manual_dir=DIR "
                    "--data_dir={data_dir}   (DIR holds ILSVRC2012_img_train.tar; see "
-                   "docs/data.md, 'imagenet2012')")
+                   "docs/usage.md, 'imagenet2012')")
 
 
 class PreflightError(ValueError):

@@ -19,7 +19,7 @@ import numpy as np
 import tqdm
 
 
-def bar(total: Optional[int], desc: str, unit: str = "img"):
+def bar(total: Optional[int], desc: str, unit: str = "img") -> tqdm.tqdm:
   """A tqdm bar on stderr (a no-op bar off process 0) showing rate (unit/s) and ETA."""
   return tqdm.tqdm(total=total, desc=desc, unit=unit, unit_scale=False, file=sys.stderr,
                         dynamic_ncols=True, mininterval=0.5, smoothing=0.1,

@@ -446,7 +446,7 @@ def write_plots(workdir: str, results: Mapping, scores: Mapping[str, Mapping[str
 def heatmap(grid: np.ndarray, rows: Sequence[str], cols: Sequence[str], title: str,
             path: str) -> str:
   """A annotated heat map (lower = better = lighter) saved to `path`."""
-  fig, ax = plt.subplots(figsize=(1.4 + 1.1 * max(1, len(cols)), 1.0 + 0.35 * max(1, len(rows))))
+  fig, ax = plt.subplots(figsize=(3.0 + 1.1 * max(1, len(cols)), 1.0 + 0.35 * max(1, len(rows))))
   im = ax.imshow(grid, cmap="viridis_r", vmin=0, vmax=100, aspect="auto")
   ax.set_xticks(range(len(cols)), cols, rotation=30, ha="right", fontsize=8)
   ax.set_yticks(range(len(rows)), rows, fontsize=8)
@@ -565,7 +565,8 @@ def compare(workdirs: Sequence[str], out: Optional[str] = None,
       if (label, f["detector"]) not in keys:
         keys.append((label, f["detector"]))
   by = {(r["model"], r["detector"], r["ood_set"]): r for r in rows}
-  key_metric, where = DEFAULT_SORT_BY, (DEFAULT_SORT_SET if DEFAULT_SORT_SET in sets else sets[0])
+  key_metric = DEFAULT_SORT_BY
+  where = DEFAULT_SORT_SET if DEFAULT_SORT_SET in sets else (sets[0] if sets else "")
   sign = 1 if lower_is_better(key_metric) else -1
 
   def rank(k):

@@ -3,6 +3,8 @@
 `run(config, workdir)` is what `main.py` calls. The stages (sets, extraction, detectors,
 metric rows) are fi_jax/pipeline.py, shared with the big_vision evaluator; this module adds
 what a benchmark run needs around them:
+  0. preflight (fi_jax/preflight.py): every set, checkpoint and tokenizer is checked in
+     seconds, all problems reported at once, before anything is computed;
   1. model: `fi_jax.models.<config.model_name>` builds `Model(**config.model)`, loads
      `config.model_init` (or trains on `config.train`, the demo), and gives a predictor
      images -> (logits, penultimate features) plus the classifier `Head`;
@@ -11,7 +13,8 @@ what a benchmark run needs around them:
   3. detectors: each configured detector is fitted on the ID fit set and scores the ID test
      set and every OOD set;
   4. metrics and report: one row per (model, detector, ID set, OOD set) in
-     results.json / results.csv / results.md.
+     results.json / results.csv / results.md, per-example scores, plots (fi_jax/report.py).
+With every set `source="features"` (fi_jax/features.py) steps 1-2 read arrays from files.
 """
 from __future__ import annotations
 
@@ -213,7 +216,7 @@ def _kept_sets(workdir: str) -> int:
   return sum("meta.json" in files for _, _, files in os.walk(root))
 
 
-def report_extras(config, specs: dict[str, dict], sets: dict) -> dict:
+def report_extras(specs: dict[str, dict], sets: dict) -> dict:
   """meta additions for the report: OOD class names of every OOD set with groups, and the ID
   class each OOD class is most often predicted as (argmax of the logits)."""
   id_names = data.class_names(specs["id_test"])
@@ -306,7 +309,7 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
   }
   if jax.process_index() == 0:
     t = time.time()
-    results["meta"].update(report_extras(config, specs, sets))
+    results["meta"].update(report_extras(specs, sets))
     report.write_scores(workdir, scores, sets)
     rcfg = to_dict(config.get("report", {}))
     if rcfg.get("plots", True) and rows:
