@@ -1,6 +1,7 @@
 """Installable: a model module outside the package by dotted path; `pip install .` gives the
 packages and the `fi-jax` console script."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -57,9 +58,15 @@ def test_model_module_by_dotted_path(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_pip_install_gives_packages_and_console_script(tmp_path):
-  target = tmp_path / "site"
+  src, target = tmp_path / "src", tmp_path / "site"
+  src.mkdir()   # a copy: setuptools writes build/ into the source tree
+  for name in ("fi_jax", "tfds_fi_imagenet", "configs"):
+    shutil.copytree(os.path.join(ROOT, name), src / name,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+  for name in ("pyproject.toml", "README.md"):
+    shutil.copy(os.path.join(ROOT, name), src / name)
   res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                        "--no-build-isolation", "--target", str(target), ROOT],
+                        "--no-build-isolation", "--target", str(target), str(src)],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
   assert res.returncode == 0, res.stderr[-3000:]
   for p in ("fi_jax/cli.py", "tfds_fi_imagenet/ninco/checksums.tsv", "configs/vit.py"):
