@@ -1,139 +1,14 @@
 """fi_jax entry point: `python main.py [--config=configs/x.py[:arg]] [--config.field=value] --workdir=DIR`.
 
-Without --config it runs the embedded demo (configs/demo.py). See README.md.
+Without --config it runs the embedded demo (configs/demo.py). The logic is fi_jax/cli.py (also
+the `fi-jax` console script of `pip install .`). See README.md.
 """
-import difflib
-import importlib.machinery
 import os
 import sys
-import types
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("NO_GCE_CHECK", "true")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # silences TF's oneDNN banner; TF only preprocesses
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this checkout's fi_jax, configs
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-from absl import logging  # noqa: E402
-import ml_collections  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from fi_jax import distributed, run, validate  # noqa: E402
-
-_ROOT = os.path.dirname(os.path.abspath(__file__))
-_DEMO = os.path.join(_ROOT, "configs", "demo.py")
-
-
-class UsageError(Exception):
-  """A bad --config file, config argument or override: one line on stderr, exit 2."""
-
-
-def _split_config_flag(argv: list[str]) -> tuple[str, list[str]]:
-  """(the --config value, argv without it); the demo when --config is absent."""
-  spec, rest, i = _DEMO, [argv[0]], 1
-  while i < len(argv):
-    arg = argv[i]
-    if arg == "--":
-      rest += argv[i:]
-      break
-    name, eq, value = arg.lstrip("-").partition("=")
-    if arg.startswith("-") and name == "config":
-      if not eq:   # --config PATH
-        i += 1
-        value = argv[i] if i < len(argv) else ""
-      spec = value
-    else:
-      rest.append(arg)
-    i += 1
-  return spec, rest
-
-
-def _load_config(spec: str) -> ml_collections.ConfigDict:
-  """`path[:arg]` -> the file's get_config(arg) (get_config() without ':'), as ml_collections
-  loads config files, with each failure raised as a UsageError."""
-  path, colon, arg = spec.partition(":")
-  module = types.ModuleType("fi_jax_config")
-  module.__file__ = path
-  try:
-    importlib.machinery.SourceFileLoader(module.__name__, path).exec_module(module)
-  except (OSError, SyntaxError) as e:
-    raise UsageError(f"cannot load the --config file: {e}") from None
-  get_config = getattr(module, "get_config", None)
-  if not callable(get_config):
-    raise UsageError(f"cannot load the --config file: {path} defines no get_config()")
-  try:
-    config = get_config(arg) if colon else get_config()
-  except (TypeError, ValueError) as e:   # e.g. an unknown or malformed config argument
-    raise UsageError(f"--config={spec}: {e}") from None
-  if not isinstance(config, ml_collections.ConfigDict):
-    raise UsageError(f"--config={spec}: get_config() returned a {type(config).__name__}, "
-                     "not a ConfigDict")
-  return config
-
-
-def _check_overrides(config: ml_collections.ConfigDict, argv: list[str]) -> None:
-  """Every --config.<field.path>=value names a field the config has (else a UsageError)."""
-  for arg in argv[1:]:
-    if arg == "--":
-      break
-    name = arg.lstrip("-").partition("=")[0]
-    name = name[2:] if name.startswith("noconfig.") else name   # --noconfig.flag (a bool)
-    if not (arg.startswith("-") and name.startswith("config.")):
-      continue
-    node = config
-    for part in name.split(".")[1:]:
-      fields = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-      if part not in fields:
-        close = difflib.get_close_matches(part, fields, n=1)
-        raise UsageError(f"unknown config field {part!r} in the override --{name}"
-                         + (f" (did you mean {close[0]!r}?)" if close else "")
-                         + "; overrides can only set fields the config file defines")
-      node = node[part]
-
-
-def _define_flags(config: ml_collections.ConfigDict, argv: list[str]) -> None:
-  # config_flags reads `argv` for --config.* overrides while defining the flag.
-  config_flags.DEFINE_config_dict("config", config, "The config (--config=configs/*.py[:arg]).",
-                                  lock_config=True, sys_argv=argv)
-  flags.DEFINE_string("workdir", "workdir", "Where results and the feature cache go.")
-  flags.DEFINE_string("coordinator_address", None, "Multi-host: jax.distributed coordinator.")
-  flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
-  flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
-
-
-def _main(argv):
-  del argv
-  logging.set_verbosity(logging.WARNING)   # JAX's INFO lines (no TPU found, ...) are noise here
-  distributed.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
-                         flags.FLAGS.process_id)
-  try:
-    run.run(flags.FLAGS.config, flags.FLAGS.workdir)
-  except (ValueError, FileNotFoundError) as e:
-    # Bad input (unknown detector, missing checkpoint or dataset, ...): one clear line.
-    # Finished work is already in the workdir's cache. FI_JAX_TRACEBACK=1 shows the trace.
-    if os.environ.get("FI_JAX_TRACEBACK"):
-      raise
-    print(f"main.py: error: {e}", file=sys.stderr)
-    sys.exit(2)
-
-
-def main():
-  """Parses flags; a bad config path, arg or override gives one line on stderr and exit 2."""
-  sys.path.insert(0, _ROOT)  # configs import `configs.common`
-  try:
-    # --flagfile=FILE expanded first, so that a --config in it is found too.
-    spec, argv = _split_config_flag(flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False))
-    config = _load_config(spec)
-    _check_overrides(config, argv)
-    _define_flags(config, argv)
-    argv = flags.FLAGS(argv)   # applies the overrides; bad values raise flags.Error
-    # every value checked now, before JAX starts or anything is read
-    validate.validate_config(flags.FLAGS.config, flags.FLAGS.workdir)
-  except (UsageError, flags.Error, ValueError) as e:
-    print("main.py: error: " + " ".join(str(e).split()), file=sys.stderr)
-    sys.exit(2)
-  app.run(_main, argv=argv)
-
+from fi_jax import cli  # noqa: E402
 
 if __name__ == "__main__":
-  main()
+  cli.main()

@@ -42,7 +42,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model_name = "vit"            # module under fi_jax/models/
   c.model_label = ""              # name in the report rows (default: model_name)
   c.model = ml_collections.ConfigDict()
-  c.model_init = ""               # checkpoint path ('' = random init / train)
+  c.model_init = ""               # checkpoint path ('' = train (demo) or random_init)
+  c.random_init = False           # True: no checkpoint is intended (random weights; the report says so)
   c.model_load = ml_collections.ConfigDict()
   c.zero_shot = ml_collections.ConfigDict()   # two-tower models: tokenizer, templates, class names
   c.init_shape = (1, 224, 224, 3)
@@ -54,10 +55,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.id_fit = ml_collections.ConfigDict()
   c.id_test = ml_collections.ConfigDict()
   c.ood = ml_collections.ConfigDict()
+  c.ood_order = ()                # OOD set names in report order (ConfigDict sorts c.ood's keys)
   c.detectors = tuple(LOGIT_DETECTORS)   # a tuple, so --config.detectors="('msp',)" works
   c.detector_preset = "ninco"     # 'ninco' | 'openood' | '' (paper defaults)
   c.detector_hparams = ml_collections.ConfigDict()
   c.metrics = ml_collections.ConfigDict(dict(tpr=0.95, n_bootstrap=0, per_group=True))
+  # results.md: rows sorted by `sort_by` on OOD set `sort_set` ('' = fi_imagenet_1k, else the
+  # first OOD set); plots of the `plot_top` best detectors into <workdir>/plots/.
+  c.report = ml_collections.ConfigDict(dict(sort_by="fpr95", sort_set="", plots=True,
+                                            plot_top=5))
   c.x64 = True
   c.cache = True
   c.cache_shard_size = 4096       # examples per shard of an extraction (a killed run resumes there)
@@ -71,9 +77,10 @@ OOD_SETS = ("fi_imagenet_1k", "ninco", "ssb_hard", "inaturalist_ood", "openimage
 
 # The config args (`--config=configs/x.py:k=v,...`) every ImageNet benchmark config takes,
 # read by `imagenet_benchmark`: where the TFDS sets are, which OOD sets ('+'-separated), images
-# per class of the fit set (0 = all), ODIN on/off, the detector preset, the global batch size.
+# per class of the fit set (0 = all), ODIN on/off, the detector preset, the global batch size,
+# random_init (run without a checkpoint on purpose: random weights, said in the report).
 IMAGENET_ARGS = dict(data_dir="", ood="+".join(OOD_SETS), fit_per_class=0, odin=False,
-                     preset="ninco", batch_size=256)
+                     preset="ninco", batch_size=256, random_init=False)
 
 
 def imagenet_sets(c: ml_collections.ConfigDict, *, data_dir: str = "", ood_sets=OOD_SETS,
@@ -97,6 +104,7 @@ def imagenet_sets(c: ml_collections.ConfigDict, *, data_dir: str = "", ood_sets=
       specs[name] = dict(source="tfds", name=name, split="test", data_dir=dd, label_key=None,
                          group_key="ood_class_id")
   c.ood = ml_collections.ConfigDict(specs)
+  c.ood_order = tuple(ood_sets)
 
 
 def imagenet_benchmark(c: ml_collections.ConfigDict, arg) -> ml_collections.ConfigDict:
@@ -107,6 +115,9 @@ def imagenet_benchmark(c: ml_collections.ConfigDict, arg) -> ml_collections.Conf
                 fit_per_class=arg.fit_per_class)
   c.detectors = posthoc_detectors(arg.odin)
   c.detector_preset = arg.preset
+  c.random_init = arg.random_init
+  if arg.random_init and not c.model_init:
+    c.model_label += " (random init)"
   return c
 
 

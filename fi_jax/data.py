@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from fi_jax.models import imagenet_names
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # silences TF's oneDNN banner; TF only preprocesses
@@ -105,8 +107,11 @@ def _tfds_source(spec: dict, process_index: int, process_count: int):
     raise FileNotFoundError(
         f"TFDS dataset {name!r} is not prepared in {builder.data_dir}. Build it first: "
         f"python -m tfds_fi_imagenet build {name} --manual_dir=DIR --data_dir=DIR.")
-  if split not in builder.info.splits:
-    raise ValueError(f"{name} has no split {split!r}; it has {sorted(builder.info.splits)}.")
+  try:   # TFDS slicing too: 'train[:10%]', 'train[:50000]', 'train[50%:]'
+    builder.info.splits[split]  # pylint: disable=pointless-statement
+  except (KeyError, ValueError, AssertionError) as e:
+    raise ValueError(f"{name} has no split {split!r} ({e}); it has "
+                     f"{sorted(builder.info.splits)} (slices like 'train[:10%]' work too).") from None
   label_key, group_key = spec.get("label_key", "label"), spec.get("group_key")
   image_key = spec.get("image_key", "image")
   features = builder.info.features
@@ -212,3 +217,64 @@ def train_arrays(spec: dict) -> dict[str, Any]:
   return load_digits_split(spec.get("split", "train"), spec.get("classes", range(10)),
                            test_fraction=spec.get("test_fraction", 0.3),
                            seed=spec.get("seed", 0), id_classes=spec.get("id_classes"))
+
+
+# ----------------------------------------------------------------------------- names
+
+def _tfds_builder(spec: dict):
+  """The registered TFDS builder of a tfds spec, or None when it is unknown or not prepared."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (heavy; TFDS sets only)
+  import tfds_fi_imagenet  # pylint: disable=g-import-not-at-top,unused-import  (registers the builders)
+  try:
+    builder = tfds.builder(spec["name"], data_dir=spec.get("data_dir") or None)
+  except Exception:  # pylint: disable=broad-except  (unknown name: the preflight reports it)
+    return None
+  return builder if builder.is_prepared() else None
+
+
+def group_names(spec: dict) -> Optional[list[str]]:
+  """The name of each `group` id of a set (index = group id), or None when unnamed.
+
+  digits: the digit; tfds: the builder's `ood_class_names` metadata (what the OOD builders
+  of tfds_fi_imagenet store), else the names of a ClassLabel `group_key`.
+  """
+  source = spec.get("source")
+  if source == "digits":
+    return [str(d) for d in range(10)]
+  if source != "tfds" or not spec.get("group_key"):
+    return None
+  builder = _tfds_builder(spec)
+  if builder is None:
+    return None
+  names = (builder.info.metadata or {}).get("ood_class_names")
+  if names:
+    return [str(n) for n in names]
+  feature = builder.info.features.get(spec["group_key"]) if hasattr(
+      builder.info.features, "get") else None
+  return list(feature.names) if hasattr(feature, "names") else None
+
+
+def class_names(spec: dict) -> Optional[list[str]]:
+  """The name of each ID class (index = label) of a set, or None when unknown.
+
+  digits: the ID digits; tfds: the names of the ClassLabel `label_key` (ImageNet-1k's 1000
+  classes get their human-readable names instead of WordNet ids).
+  """
+  source = spec.get("source")
+  if source == "digits":
+    return [str(d) for d in (spec.get("id_classes") or spec.get("classes", range(10)))]
+  if source != "tfds":
+    return None
+  builder = _tfds_builder(spec)
+  label_key = spec.get("label_key", "label")
+  if builder is None or not label_key or label_key not in builder.info.features:
+    return None
+  names = list(getattr(builder.info.features[label_key], "names", None) or [])
+  return default_class_names(1000) if len(names) == 1000 else (names or None)
+
+
+def default_class_names(num_classes: int) -> list[str]:
+  """ImageNet-1k's human-readable names for 1000 classes, else the class indices."""
+  if num_classes == 1000:
+    return list(imagenet_names.IMAGENET_CLASS_NAMES)
+  return [str(i) for i in range(num_classes)]

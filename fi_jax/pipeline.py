@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from fi_jax import cache, data, detectors, extract, metrics
+from fi_jax import cache, data, detectors, extract, metrics, progress
 
 Log = Callable[[str], None]
 Arrays = dict[str, np.ndarray]
@@ -105,6 +105,9 @@ def _extract_sharded(name: str, spec: dict, predict, params, scorers, *, pp_fn: 
   it, steps, info = data.batches(spec, pp_fn, batch_size, process_index=jax.process_index(),
                                  process_count=jax.process_count(),
                                  skip_steps=n_done * steps_per_shard)
+  # a resumed set's total is what is left: unknown per process, so the bar counts only
+  total = None if n_done else info.num_examples_per_process[jax.process_index()]
+  it = progress.batches(it, total, name)
   n_shards = -(-steps // steps_per_shard) if steps_per_shard else 1
   log(f"{name}: {info.num_examples} examples, {steps} batches of {batch_size}"
       + (f", {n_shards} shards" if n_shards > 1 else ""))

@@ -3,6 +3,8 @@
 `run(config, workdir)` is what `main.py` calls. The stages (sets, extraction, detectors,
 metric rows) are fi_jax/pipeline.py, shared with the big_vision evaluator; this module adds
 what a benchmark run needs around them:
+  0. preflight (fi_jax/preflight.py): every set, checkpoint and tokenizer is checked in
+     seconds, all problems reported at once, before anything is computed;
   1. model: `fi_jax.models.<config.model_name>` builds `Model(**config.model)`, loads
      `config.model_init` (or trains on `config.train`, the demo), and gives a predictor
      images -> (logits, penultimate features) plus the classifier `Head`;
@@ -11,7 +13,8 @@ what a benchmark run needs around them:
   3. detectors: each configured detector is fitted on the ID fit set and scores the ID test
      set and every OOD set;
   4. metrics and report: one row per (model, detector, ID set, OOD set) in
-     results.json / results.csv / results.md.
+     results.json / results.csv / results.md, per-example scores, plots (fi_jax/report.py).
+With every set `source="features"` (fi_jax/features.py) steps 1-2 read arrays from files.
 """
 from __future__ import annotations
 
@@ -25,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax import (cache, data, detectors, distributed, pipeline, preprocess, report,
-                    train, validate)
+from fi_jax import (cache, data, detectors, distributed, features, pipeline, preflight,
+                    preprocess, report, train, validate)
 from fi_jax.models import checkpoints
 
 Log = Callable[[str], None]
@@ -44,12 +47,17 @@ def to_dict(config) -> dict:
 # ----------------------------------------------------------------------------- model
 
 def model_module(name: str):
-  """`fi_jax.models.<name>` (big_vision style: models are found by module name)."""
+  """`fi_jax.models.<name>` (big_vision style: models are found by module name), or any
+  importable module given by a dotted path (`my_pkg.my_model`) with the same `Model` /
+  `load()` (/ `predictor()`) interface."""
+  full = name if "." in name else f"fi_jax.models.{name}"
   try:
-    return importlib.import_module(f"fi_jax.models.{name}")
+    return importlib.import_module(full)
   except ModuleNotFoundError as e:
-    if e.name and e.name.startswith("fi_jax.models"):
-      raise ValueError(f"Unknown model_name {name!r}: no module fi_jax/models/{name}.py.") from None
+    if e.name and (full == e.name or full.startswith(e.name + ".")):
+      where = (f"fi_jax/models/{name}.py" if "." not in name else
+               f"module {name} (is its package on PYTHONPATH / installed?)")
+      raise ValueError(f"Unknown model_name {name!r}: no {where}.") from None
     raise
 
 
@@ -124,8 +132,12 @@ def preprocess_arrays(pp: str, images: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- sets
 
 def set_specs(config) -> dict[str, dict]:
-  """{set name: spec} for the ID fit set, the ID test set and every OOD set."""
-  return pipeline.set_specs(to_dict(config.id_fit), to_dict(config.id_test), to_dict(config.ood))
+  """{set name: spec} for the ID fit set, the ID test set and every OOD set; the OOD sets in
+  `config.ood_order` (ConfigDict sorts its keys), the others after them."""
+  ood = to_dict(config.ood)
+  order = [n for n in (config.get("ood_order") or ()) if n in ood]
+  ood = {n: ood[n] for n in order + [n for n in ood if n not in order]}
+  return pipeline.set_specs(to_dict(config.id_fit), to_dict(config.id_test), ood)
 
 
 def model_key(config) -> str:
@@ -206,6 +218,48 @@ def build_detectors(config) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- entry point
 
+def feature_sets(config, specs: dict[str, dict], dets: dict):
+  """(sets, head, model_meta) of a config whose sets are all `source="features"` (arrays
+  extracted elsewhere, see fi_jax/features.py): no model, no extraction, no cache."""
+  scorers = [n for n, d in dets.items() if "inputs" in d.needs]
+  if scorers:
+    raise ValueError(f"Detector(s) {scorers} score the images themselves and cannot run on "
+                     "features read from files; drop them from config.detectors.")
+  head = features.load_head(config.head) if config.get("head") else None
+  sets = features.load_sets(specs, head)
+  return sets, head, {"model_name": config.get("model_name", "features"),
+                      "source": "features", "head": config.get("head") or None}
+
+
+def _kept_sets(workdir: str) -> int:
+  """How many finished sets the feature cache holds (for the Ctrl-C line)."""
+  root = os.path.join(workdir, "cache")
+  return sum("meta.json" in files for _, _, files in os.walk(root))
+
+
+def report_extras(specs: dict[str, dict], sets: dict) -> dict:
+  """meta additions for the report: OOD class names of every OOD set with groups, and the ID
+  class each OOD class is most often predicted as (argmax of the logits)."""
+  id_names = data.class_names(specs["id_test"])
+  names, predicted = {}, {}
+  for set_name, spec in specs.items():
+    if not set_name.startswith("ood/"):
+      continue
+    ood = set_name[len("ood/"):]
+    groups = sets[set_name].get("group")
+    if groups is None or not (np.asarray(groups) >= 0).any():
+      continue
+    gn = data.group_names(spec)
+    if gn:
+      names[ood] = gn
+    logits = sets[set_name]["logits"]
+    cls = id_names
+    if cls is None or len(cls) != logits.shape[1]:
+      cls = data.default_class_names(logits.shape[1])
+    predicted[ood] = report.predicted_as(logits, groups, cls)
+  return {"group_names": names, "predicted_as": predicted}
+
+
 def run(config, workdir: str, log: Log = _log_default) -> dict:
   """Runs the whole benchmark described by `config`; writes and returns the results."""
   t_start = time.time()
@@ -213,17 +267,37 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
   validate.validate_config(config, workdir)   # every bad value fails here, before any work
   if config.get("x64", True):
     jax.config.update("jax_enable_x64", True)
-  os.makedirs(workdir, exist_ok=True)
 
-  dets = build_detectors(config)
-  model = LazyModel(config, log, workdir)
+  dets = build_detectors(config)   # fails fast on unknown detector names / hparams
+  specs = set_specs(config)
   t = time.time()
-  sets = extract_sets(config, model, workdir, log, dets)
+  preflight.run(config, specs)     # every set, file and checkpoint: all problems at once
+  log(f"Preflight: {len(specs)} sets and the model's files are in place ({time.time() - t:.1f} s).")
+  os.makedirs(workdir, exist_ok=True)
+  random_init = bool(config.get("random_init", False))
+  if random_init and not config.get("model_init"):
+    log("WARNING: random_init=True: the model has random weights (not a released model).")
+
+  from_features = [features.is_features_spec(s) for s in specs.values()]
+  t = time.time()
+  if all(from_features):
+    sets, head, model_meta = feature_sets(config, specs, dets)
+  elif any(from_features):
+    raise ValueError("Either every set or none is source='features' (a model cannot extract "
+                     "the others while some come from files).")
+  else:
+    model = LazyModel(config, log, workdir)
+    try:
+      sets = extract_sets(config, model, workdir, log, dets)
+    except KeyboardInterrupt:
+      log(f"\nInterrupted: {_kept_sets(workdir)} finished set(s) kept in "
+          f"{os.path.join(workdir, 'cache')}; rerun the same command to resume.")
+      raise
+    head = cached_head(config, model, workdir, log)
+    model_meta = model.get()[3] if model._built else {  # pylint: disable=protected-access
+        "model_name": config.model_name, "model": to_dict(config.model), "from_cache": True}
   sets, dropped = pipeline.drop_nonfinite(sets, config.get("nonfinite", "error"), log)
-  head = cached_head(config, model, workdir, log)
   timings["extract"] = time.time() - t   # includes building the model, if needed
-  model_meta = model.get()[3] if model._built else {  # pylint: disable=protected-access
-      "model_name": config.model_name, "model": to_dict(config.model), "from_cache": True}
 
   t = time.time()
   log(f"Detectors ({len(dets)}):")
@@ -239,7 +313,8 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
       per_group=mcfg.get("per_group", True), n_bootstrap=mcfg.get("n_bootstrap", 0),
       seed=config.seed)
   timings["metrics"] = time.time() - t
-  timings["total"] = time.time() - t_start
+  log(f"Metrics: {len(rows)} rows ({len(scores)} detectors x "
+      f"{sum(s.startswith('ood/') for s in sets)} OOD sets) in {timings['metrics']:.1f} s.")
 
   results = {
       "meta": {
@@ -247,15 +322,30 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
           "versions": report.versions(), "platform": platform.platform(),
           "devices": [str(d) for d in jax.devices()], "process_count": jax.process_count(),
           "set_sizes": {k: int(len(v["logits"])) for k, v in sets.items()},
-          "timings_s": {k: round(v, 3) for k, v in timings.items()},
+          "ood_sets": [s[len("ood/"):] for s in specs if s.startswith("ood/")],
+          "random_init": random_init and not config.get("model_init"),
+          "timings_s": {},
           "detector_errors": errors, "nonfinite_dropped": dropped, **model_meta,
       },
       "id_accuracy": pipeline.id_accuracy(sets["id_test"]),
       "rows": rows,
+      "failed": [{"detector": n, "failed": errors[n]} for n in dets if n in errors],
   }
   if jax.process_index() == 0:
+    t = time.time()
+    results["meta"].update(report_extras(specs, sets))
+    report.write_scores(workdir, scores, sets)
+    rcfg = to_dict(config.get("report", {}))
+    if rcfg.get("plots", True) and rows:
+      report.write_plots(workdir, results, scores, top=int(rcfg.get("plot_top", 5)))
+    timings["report"] = time.time() - t
+    timings["total"] = time.time() - t_start
+    results["meta"]["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     report.write(results, workdir)
     log(report.table(results))
-    log(f"Wrote {os.path.join(workdir, 'results.json')} (+ .csv, .md) in {timings['total']:.1f} s.")
+    log(f"Wrote {os.path.join(workdir, 'results.md')} (+ .json, .csv, scores/, plots/, "
+        f"per_class/) in {timings['total']:.1f} s.")
+  else:
+    timings["total"] = time.time() - t_start
+    results["meta"]["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
   return results
-

@@ -1,5 +1,6 @@
 """End to end on Fi-ImageNet-1k: build it from a fake val tar + lists (real formats), read it through
 fi_jax's input pipeline, run a demo-sized model over `id` and `ood`, and get a report."""
+import csv
 import json
 import os
 
@@ -68,7 +69,7 @@ def test_pipeline_report_on_fake_fi_imagenet(fake_data_dir, tmp_path):
                                    group_key="ood_class_id")},
       detectors=("msp", "energy", "knn", "odin"), detector_preset="ninco",
       detector_hparams={"knn": {"k": 3}}, metrics=dict(n_bootstrap=20),
-      input_std=(0.5, 0.5, 0.5), x64=True, cache=True))
+      input_std=(0.5, 0.5, 0.5), x64=True, cache=True, random_init=True))
   results = run.run(c, str(tmp_path), log=lambda s: None)
   assert results["meta"]["set_sizes"] == {"id_fit": 24, "id_test": 24, "ood/fi_imagenet_1k": 10}
   assert [r["detector"] for r in results["rows"]] == ["msp", "energy", "knn", "odin"]
@@ -78,5 +79,11 @@ def test_pipeline_report_on_fake_fi_imagenet(fake_data_dir, tmp_path):
   with open(os.path.join(tmp_path, "results.json")) as f:
     saved = json.load(f)["rows"]
   assert [r["auroc"] for r in saved] == [r["auroc"] for r in results["rows"]]
-  assert os.path.exists(os.path.join(tmp_path, "per_class", "fi_imagenet_1k", "knn.csv"))
+  with open(os.path.join(tmp_path, "per_class", "fi_imagenet_1k", "knn.csv")) as f:
+    per_class = list(csv.reader(f))
+  assert per_class[0][:4] == ["group", "class", "predicted_as", "predicted_share"]
+  assert {r[1] for r in per_class[1:]} <= set(testing.FAKE_OOD_CLASSES) and len(per_class) > 1
+  assert all(r[2] for r in per_class[1:])                 # an ImageNet class name
+  with open(os.path.join(tmp_path, "results.md")) as f:
+    assert "### fi_imagenet_1k: per OOD class" in f.read()
   assert os.path.exists(os.path.join(tmp_path, "results.md"))

@@ -29,7 +29,7 @@ def test_demo_writes_all_reports(quick_run):
   workdir, res = quick_run
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
-  assert set(results) == {"meta", "id_accuracy", "rows"}
+  assert set(results) == {"meta", "id_accuracy", "rows", "failed"} and results["failed"] == []
   assert results["id_accuracy"] > 0.6      # 150 steps; the full demo reaches > 0.9
   detectors = {r["detector"] for r in results["rows"]}
   assert {"msp", "maxlogit", "energy"} <= detectors
@@ -54,7 +54,11 @@ def test_demo_writes_all_reports(quick_run):
   assert "| vit-mu-digits | energy | digits_0-5 | digits_6-9 |" in res.stdout   # table printed
   with open(os.path.join(workdir, "per_class", "digits_6-9", "energy.csv")) as f:
     per_class = f.read().splitlines()
-  assert per_class[0].startswith("group,n_ood,") and len(per_class) == 1 + 4   # digits 6-9
+  assert per_class[0].startswith("group,class,predicted_as,predicted_share,n_ood,")
+  assert len(per_class) == 1 + 4   # digits 6-9
+  assert "img/s" in res.stderr and "id_fit: 100%" in res.stderr   # the extraction's progress bar
+  for d in results["meta"]["config"]["detectors"]:                # every configured detector
+    assert f"| vit-mu-digits | {d} | digits_0-5 |" in md
 
 
 def test_rerun_reuses_the_feature_cache(quick_run):

@@ -9,7 +9,7 @@ os.environ.setdefault("NO_GCE_CHECK", "true")  # TF's GCS auth: never probe the 
 
 import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-from tfds_fi_imagenet import errors
+from tfds_fi_imagenet import errors, imagenet2012_train
 
 # name -> whether the builder reads a manual dir (False: it downloads with checksums).
 DATASETS = {
@@ -19,6 +19,7 @@ DATASETS = {
     "inaturalist_ood": False,
     "openimage_o": True,
     "textures_ood": False,
+    "imagenet2012": True,   # train split only, from ILSVRC2012_img_train.tar (imagenet2012_train.py)
 }
 
 
@@ -28,6 +29,8 @@ def builder_class(name: str) -> type:
   if name not in DATASETS:
     raise errors.UsageError(f"Unknown dataset {name!r}; this package builds: "
                             f"{', '.join(sorted(DATASETS))}.")
+  if name == "imagenet2012":   # TFDS's own dataset, prepared from the train tar alone
+    return imagenet2012_train.ImagenetTrainBuilder
   return tfds.builder_cls(name)
 
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fi_jax import progress
 from fi_jax.models import clip_tokenizer, imagenet_names, tokenizers, vit
 from fi_jax.outputs import Head
 
@@ -73,8 +74,11 @@ def class_embeddings(embed_fn: EmbedFn, class_names: Optional[Sequence[str]] = N
   """[C, D] float32: per class, the re-normalised mean of its normalised prompt embeddings."""
   prompts = class_prompts(class_names, templates, **prompt_kw)
   flat = [p for ps in prompts for p in ps]
-  chunks = [np.asarray(embed_fn(flat[i:i + batch_size]), np.float64)
-            for i in range(0, len(flat), batch_size)]
+  bar, chunks = progress.bar(len(flat), "zero-shot head", unit="prompt"), []
+  for i in range(0, len(flat), batch_size):
+    chunks.append(np.asarray(embed_fn(flat[i:i + batch_size]), np.float64))
+    bar.update(len(flat[i:i + batch_size]))
+  bar.close()
   emb = vit.l2_normalize(np.concatenate(chunks)).reshape(len(prompts), len(prompts[0]), -1)
   return vit.l2_normalize(emb.mean(axis=1)).astype(np.float32)
 
