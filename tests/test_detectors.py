@@ -528,7 +528,7 @@ def test_react_subsampled_quantile(nonneg):
 
 def test_registry_and_errors():
   names = detectors.names()
-  assert len(names) >= 38 and len(set(names)) == len(names)
+  assert len(names) >= 40 and len(set(names)) == len(names)
   assert {"msp", "vim", "knn", "odin", "mcm", "relative_cosine", "ash_b"} <= set(names)
   with pytest.raises(ValueError, match="valid:.*msp"):
     detectors.build("nope")
