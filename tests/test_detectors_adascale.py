@@ -140,3 +140,22 @@ def test_score_needs_the_stat():
   z, h = predict(params, jnp.asarray(images(10, 1)))
   with pytest.raises(ValueError, match="extras"):
     det.fit(detectors.Outputs(h, z), detectors.Head(params["w2"], params["b2"]))
+
+
+def test_streaming_fit_and_state_roundtrip(tmp_path):
+  predict, params = make_mlp()
+  det = detectors.build("adascale_l")
+  fn = lambda x: predict(params, x)
+  x = images(120, 1)
+  z, h = fn(jnp.asarray(x))
+  stat = det.score_inputs({}, fn, x)["stat"]
+  head = detectors.Head(params["w2"], params["b2"])
+  whole = det.fit(detectors.Outputs(h, z, None, {"stat": stat}), head)
+  parts = [detectors.Outputs(h[i:i + 50], z[i:i + 50], None, {"stat": stat[i:i + 50]})
+           for i in range(0, 120, 50)]
+  streamed = det.fit(iter(parts), head)
+  detectors.save_state(str(tmp_path / "s.npz"), streamed)
+  loaded = detectors.load_state(str(tmp_path / "s.npz"))
+  test = detectors.Outputs(h, z, None, {"stat": stat})
+  np.testing.assert_array_equal(np.asarray(det.score(whole, test)),
+                                np.asarray(det.score(loaded, test)))
