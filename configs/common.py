@@ -11,8 +11,9 @@ LOGIT_DETECTORS = ("msp", "maxlogit", "energy")
 
 
 def posthoc_detectors(odin: bool = False) -> tuple[str, ...]:
-  """Every registered detector; ODIN (three passes through the network) only on request."""
-  return tuple(n for n in detectors.names() if odin or n != "odin")
+  """Every registered detector; the input-gradient ones (ODIN, AdaSCALE: a forward, a backward
+  and a second forward per image) only on request."""
+  return tuple(n for n in detectors.names() if odin or "inputs" not in detectors.REGISTRY[n].needs)
 
 
 def parse_arg(arg: str | None, **defaults):

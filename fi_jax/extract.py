@@ -16,8 +16,9 @@ from fi_jax import distributed
 
 # predict_fn(params, images) -> (logits [B, C], features [B, D])
 PredictFn = Callable[[object, jax.Array], tuple[jax.Array, jax.Array]]
-# input scorer: (params, images) -> scores [B]; e.g. ODIN, which needs gradients w.r.t. inputs
-InputScorer = Callable[[object, jax.Array], jax.Array]
+# input scorer: (params, images) -> scores [B] or {column: [B]}; e.g. ODIN, which needs gradients
+# w.r.t. inputs
+InputScorer = Callable[[object, jax.Array], object]
 
 
 def extract_chunks(predict_fn: PredictFn, params, batches: Iterable[dict[str, np.ndarray]],
@@ -34,7 +35,10 @@ def extract_chunks(predict_fn: PredictFn, params, batches: Iterable[dict[str, np
     out = {"logits": logits, "features": features,
            **{k: batch[k] for k in ("label", "group", "_id", "_mask")}}
     for name, scorer in input_scorers.items():
-      out[f"score/{name}"] = scorer(params, batch["image"])
+      res = scorer(params, batch["image"])
+      # a scorer returns scores [B], or {column: [B]} (AdaSCALE's {"stat": ...}) -> column/<name>
+      for col, v in (res.items() if isinstance(res, dict) else [("score", res)]):
+        out[f"{col}/{name}"] = v
     return out
 
   step = jax.jit(step, out_shardings=repl)

@@ -12,10 +12,13 @@ import jax
 @dataclasses.dataclass(frozen=True)
 class Outputs:
   """What a model produced for a set: penultimate features [N, D], logits [N, C], labels [N]
-  (int, -1 = unknown; or None). A field a detector does not need may be None."""
+  (int, -1 = unknown; or None). A field a detector does not need may be None. `extras`:
+  per-image arrays [N] an input-gradient detector computed during extraction (AdaSCALE's
+  {"stat": ...}), or None."""
   features: Any
   logits: Any
   labels: Optional[Any] = None
+  extras: Optional[dict] = None
 
 
 @jax.tree_util.register_dataclass

@@ -2,9 +2,9 @@
 
 Used by `fi_jax.run` (the benchmark: configs, model building, feature cache, report files) and
 by `fi_jax.evaluators.ood` (big_vision's evaluator API, on the model being trained). Stages
-talk through plain arrays; a set's arrays are {features, logits, label, group, score/<name>}
-as `fi_jax.extract.extract` returns them. Set names are "id_fit" (what detectors fit on),
-"id_test" and "ood/<name>".
+talk through plain arrays; a set's arrays are {features, logits, label, group, score/<name>,
+stat/<name>} as `fi_jax.extract.extract` returns them (stat/: AdaSCALE's per-image statistic).
+Set names are "id_fit" (what detectors fit on), "id_test" and "ood/<name>".
 """
 from __future__ import annotations
 
@@ -51,11 +51,10 @@ def build_detectors(names: Sequence[str], preset: Optional[str] = None,
 
 
 def input_scorer_names(dets: Mapping[str, Any], set_name: str) -> list[str]:
-  """The detectors that score the images themselves during extraction (ODIN); none on the
-  fit set, which no detector scores."""
-  if set_name == "id_fit":
-    return []
-  return [name for name, det in dets.items() if "inputs" in det.needs]
+  """The detectors that score the images themselves during extraction (ODIN, AdaSCALE); on the
+  fit set only those that fit on what they compute from the images (`fit_inputs`: AdaSCALE)."""
+  return [name for name, det in dets.items() if "inputs" in det.needs
+          and (set_name != "id_fit" or getattr(det, "fit_inputs", False))]
 
 
 def input_scorers(dets: Mapping[str, Any], names: Sequence[str], predict: extract.PredictFn,
@@ -63,11 +62,17 @@ def input_scorers(dets: Mapping[str, Any], names: Sequence[str], predict: extrac
   """{name: scorer(params, images)} for `fi_jax.extract.extract`.
 
   `input_std` is the per-channel std of the model's input in [0, 1] pixel units (0.5 for
-  value_range(-1, 1)), so that ODIN's epsilon is a pixel-unit step.
+  value_range(-1, 1)), so that ODIN's epsilon is a pixel-unit step. ODIN gets the logits
+  function, a `fit_inputs` detector (AdaSCALE) the whole predict function (logits, features).
   """
   input_std = tuple(input_std)
-  return {n: (lambda p, images, det=dets[n]: det.score_inputs(
-      {}, lambda x: predict(p, x)[0], images, input_std=input_std)) for n in names}
+
+  def scorer(det):
+    full = getattr(det, "fit_inputs", False)
+    return lambda p, images: det.score_inputs(
+        {}, (lambda x: predict(p, x)) if full else (lambda x: predict(p, x)[0]), images,
+        input_std=input_std)
+  return {n: scorer(dets[n]) for n in names}
 
 
 def _finished_shards(root: str, log: Log) -> list[Arrays]:
@@ -219,6 +224,11 @@ def check_finite_scores(name: str, per_set: Mapping[str, np.ndarray]) -> None:
                      f"left out (docs/detectors.md#input-checks).")
 
 
+def _with_stat(out: detectors.Outputs, arrays: Arrays, name: str) -> detectors.Outputs:
+  """The set's features with detector `name`'s extraction-time statistic as extras["stat"]."""
+  return detectors.Outputs(out.features, None, None, {"stat": jnp.asarray(arrays[f"stat/{name}"])})
+
+
 def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detectors.Head, *,
                log: Log = _no_log, keep_going: bool = False,
                nonfinite: str = "error") -> tuple[dict, dict]:
@@ -239,7 +249,11 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
     for name, det in dets.items():
       t = time.time()
       try:
-        if "inputs" in det.needs:   # scored during extraction
+        if getattr(det, "fit_inputs", False):   # fits on / scores its extraction-time stats
+          state = det.fit(_with_stat(fit, sets["id_fit"], name), head, nonfinite=nonfinite)
+          per_set = {s: np.asarray(det.score(state, _with_stat(out, sets[s], name)))
+                     for s, out in test_sets.items()}
+        elif "inputs" in det.needs:   # scored during extraction
           per_set = {s: np.asarray(sets[s][f"score/{name}"]) for s in test_sets}
         else:
           state = det.fit(fit, head, nonfinite=nonfinite)

@@ -469,7 +469,8 @@ def _batches(out, sizes):
   assert i == N_FIT
 
 
-@pytest.mark.parametrize("name", [n for n in detectors.names() if n != "odin"])
+@pytest.mark.parametrize("name", [n for n in detectors.names()
+                                  if "inputs" not in detectors.REGISTRY[n].needs])
 def test_streaming_fit_and_state_roundtrip(nonneg, name, tmp_path, monkeypatch):
   """Batches (list or one-shot generator, uneven sizes, several chunks) give bit-identical
   states to the whole set; a saved and loaded state scores identically."""
@@ -528,7 +529,7 @@ def test_react_subsampled_quantile(nonneg):
 
 def test_registry_and_errors():
   names = detectors.names()
-  assert len(names) >= 38 and len(set(names)) == len(names)
+  assert len(names) >= 40 and len(set(names)) == len(names)
   assert {"msp", "vim", "knn", "odin", "mcm", "relative_cosine", "ash_b"} <= set(names)
   with pytest.raises(ValueError, match="valid:.*msp"):
     detectors.build("nope")
@@ -557,7 +558,7 @@ def test_registry_and_errors():
 def test_state_is_arrays_only(nonneg):
   fit, _, head = nonneg
   for name in detectors.names():
-    if name == "odin":
+    if "inputs" in detectors.REGISTRY[name].needs:   # test_detectors_adascale.py, odin: no fit
       continue
     state = detectors.build(name, **_ALL_FIT.get(name, {})).fit(fit, head)
     assert isinstance(state, dict)
@@ -613,7 +614,8 @@ def test_shared_scope_gives_identical_scores_and_does_shared_work_once(nonneg, m
   """Inside detectors.shared(): every detector x preset scores exactly as it does alone, the
   class moments are computed in fewer passes, and KNN at k=1000 and k=50 runs one search."""
   fit, test, head = nonneg
-  runs = [(n, p) for n in detectors.names() if n != "odin" for p in detectors.PRESETS]
+  runs = [(n, p) for n in detectors.names() if "inputs" not in detectors.REGISTRY[n].needs
+          for p in detectors.PRESETS]
   small = lambda r: ({"dim": 16} if r[0] in ("vim", "residual") and r[1] == "openood"
                      else {"dim": 10} if r[0] == "neco" else {})
   alone = {r: fit_score(r[0], fit, test, head, preset=r[1], **small(r)) for r in runs}

@@ -253,3 +253,38 @@ def test_beats_msp_on_atypical_activations(name, hp):
   state = det.fit(fit, head)
   a = _auroc(det.score(state, id_test), det.score(state, ood))
   assert a > a_msp + 0.1, (name, a, a_msp)
+
+
+def _weiper_case(perp, seed=0, n=300, c=4, d=64):
+  """Class k's weight is e_k (|w_k| = 1); every row's logits are its class's margin ~3 plus
+  small noise, equal in distribution for ID and OOD (so MSP cannot separate them). ID rows have
+  a small component (norm 0.5) orthogonal to every class weight, OOD rows a large one (`perp`).
+  A perturbed class vector w_k + delta n picks up <n, h>, so the OOD rows' perturbed logits get
+  noise of std ~ delta perp / sqrt(D) and the mean perturbed MSP drops (the MSP is concave in a
+  positive margin): WeiPer measures how sensitive the MSP is to weight directions."""
+  rng = np.random.default_rng(seed)
+  w = np.zeros((d, c), np.float32)
+  w[:c, :c] = np.eye(c)
+  b = np.zeros(c, np.float32)
+
+  def rows(m, perp_norm):
+    h = np.zeros((m, d))
+    y = rng.integers(0, c, m)
+    h[:, :c] = rng.normal(size=(m, c)) * 0.1
+    h[np.arange(m), y] += rng.uniform(2.8, 3.2, m)
+    o = rng.normal(size=(m, d - c))
+    h[:, c:] = o / np.linalg.norm(o, axis=1, keepdims=True) * perp_norm
+    h = h.astype(np.float32)
+    return detectors.Outputs(h, (h.astype(np.float64) @ w + b).astype(np.float32),
+                             y.astype(np.int32))
+  return rows(n, 0.5), rows(n, 0.5), rows(n, perp), detectors.Head(w, b)
+
+
+def test_weiper_beats_msp_on_weight_sensitive_features():
+  fit, id_test, ood, head = _weiper_case(6.0)
+  msp = detectors.build("msp")
+  a_msp = _auroc(msp.score({}, id_test), msp.score({}, ood))
+  det = detectors.build("weiper")
+  state = det.fit(fit, head)
+  a = _auroc(det.score(state, id_test), det.score(state, ood))
+  assert a_msp < 0.6 and a > 0.85, (a, a_msp)

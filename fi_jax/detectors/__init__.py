@@ -4,6 +4,7 @@
     state = det.fit(fit_outputs, head)                    # Outputs or an iterable of Outputs
     scores = det.score(state, test_outputs)               # [N], higher = more ID
     odin = detectors.build("odin"); odin.score_inputs({}, logits_fn, images)
+    ada = detectors.build("adascale_a"); stat = ada.score_inputs({}, predict_fn, images)["stat"]
 
 Presets select each source's ImageNet defaults: 'ninco' (NINCO repo; detectors NINCO does not
 evaluate keep their paper default), 'openood' (OpenOOD v1.5 defaults); None = the paper default
@@ -13,7 +14,8 @@ evaluate keep their paper default), 'openood' (OpenOOD v1.5 defaults); None = th
 Families: logit.py (msp, maxlogit, energy, tempscale, gen, klm), activation.py (react, vra,
 ash_p, ash_b, ash_s, scale, dice, bats, optfs, line), distance.py (mds, rmds, mds_pp, rmds_pp,
 ssd, residual, vim, neco, she, cosine, relative_cosine, fdbd, nci), knn.py (knn, nnguide,
-relation), openmax.py (openmax), gradient.py (odin, gradnorm), zero_shot.py (mcm), weiper.py
+relation), openmax.py (openmax), gradient.py (odin, gradnorm,
+adascale_a, adascale_l), zero_shot.py (mcm), weiper.py
 (weiper, weiper_kld); stats.py holds the streaming statistics every fit uses.
 
 A suite: `with detectors.shared(dets): ...` makes detectors that repeat work on the same
@@ -43,7 +45,7 @@ _CLASSES = (
     gradient.GradNorm, distance.Cosine, distance.RelativeCosine, zero_shot.MCM,
     weiper.WeiPer, weiper.WeiPerKLD, activation.OptFS, activation.BATS, activation.LINe,
     distance.MDSpp, distance.RMDSpp, distance.SSD, distance.NECO, knn.Relation, openmax.OpenMax,
-    activation.VRA,
+    activation.VRA, gradient.AdaSCALEA, gradient.AdaSCALEL,
 )
 REGISTRY: dict[str, type[Detector]] = {c.name: c for c in _CLASSES}
 

@@ -41,14 +41,17 @@ def num_rows(out: Outputs) -> int:
 
 def _slice(out: Outputs, lo: int, hi: int) -> Outputs:
   cut = lambda x: None if x is None else x[lo:hi]
-  return Outputs(cut(out.features), cut(out.logits), cut(out.labels))
+  extras = None if out.extras is None else {k: cut(v) for k, v in out.extras.items()}
+  return Outputs(cut(out.features), cut(out.logits), cut(out.labels), extras)
 
 
 def _concat(parts: list[Outputs]) -> Outputs:
   def cat(field):
     xs = [getattr(p, field) for p in parts]
     return None if xs[0] is None else np.concatenate([np.asarray(x) for x in xs])
-  return Outputs(cat("features"), cat("logits"), cat("labels"))
+  extras = None if parts[0].extras is None else {
+      k: np.concatenate([np.asarray(p.extras[k]) for p in parts]) for k in parts[0].extras}
+  return Outputs(cat("features"), cat("logits"), cat("labels"), extras)
 
 
 def is_reiterable(train) -> bool:
