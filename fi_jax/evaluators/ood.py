@@ -158,6 +158,7 @@ class Evaluator:
     self._batches: dict[str, list] = {}        # set name -> preprocessed host batches
     self._forwards: dict[tuple, extract.Forward] = {}
     self._has_features = None                  # known after the first trace
+    self.last_timings: dict[str, float] = {}   # of the last run(): extract_s, detectors_s
     self._embed_text = jax.jit(lambda p, tokens: self.predict_fn({"params": p},
                                                                   {"labels": tokens}))
 
@@ -288,18 +289,21 @@ class Evaluator:
     zs = self._zero_shot_head(params, mesh) if self.zero_shot is not None else None
     p = {"params": params,
          "zs": None if zs is None else jax.device_put(zs, NamedSharding(mesh, P()))}
-    sets = {}
+    t0, sets = time.time(), {}
     for name in self.sets:
       t = time.time()
       sets[name] = self._extract(name, self._forward(mesh, name != "id_fit"), p, mesh)
       _log.info("fi_ood: %s extracted in %.2f s", name, time.time() - t)
     head = self._head(params, zs)
+    self.last_timings = {"extract_s": time.time() - t0}
     # train.py runs with jax_transfer_guard="disallow"; host arrays move explicitly here.
     with jax.transfer_guard("allow"), jax.default_device(self.devices[0]):
       accuracy = pipeline.id_accuracy(sets["id_test"])
       if accuracy is not None:
         yield "id_accuracy", accuracy
+      t = time.time()
       yield from self._detector_metrics(sets, head)
+      self.last_timings["detectors_s"] = time.time() - t
 
   def _detector_metrics(self, sets, head) -> Iterator[tuple[str, float]]:
     usable, skipped = {}, {}
