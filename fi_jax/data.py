@@ -149,7 +149,7 @@ def _tfds_source(spec: dict, process_index: int, process_count: int):
                  else tf.constant(-1, tf.int64),
         "_id": tf.cast(i, tf.int64) + start,
     }
-  ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds, SetInfo(sum(counts), counts, num_classes)
 
 
@@ -198,7 +198,9 @@ def batches(spec: dict, pp_fn: Callable[[dict], dict], global_batch_size: int, *
     out = pp_fn(dict(ex))
     return {"image": tf.cast(out["image"], tf.float32), "label": ex["label"],
             "group": ex["group"], "_id": ex["_id"], "_mask": tf.constant(True)}
-  ds = ds.map(pp, num_parallel_calls=tf.data.AUTOTUNE)
+  # parallel decode/preprocess; deterministic=True keeps the example order (it is the default
+  # unless tf.data options say otherwise: explicit, since the cache and resuming rely on it)
+  ds = ds.map(pp, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   spec_ = ds.element_spec
   if not spec_["image"].shape.is_fully_defined():
     raise ValueError(f"Preprocessing must give fixed-size images (got {spec_['image'].shape}); "

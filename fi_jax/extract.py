@@ -3,13 +3,33 @@
 The batch is sharded along the mesh's data axis, parameters are replicated, and the outputs
 are gathered (replicated) so that every process holds the whole set's arrays; padding rows
 (``_mask`` False) are dropped and rows are put back into set order by ``_id``.
+
+API (what `fi_jax.pipeline` and the big_vision evaluator build on):
+
+  fwd = Forward(predict_fn, mesh, input_scorers={...})   # builds the jitted step once
+  for rows in fwd.chunks(params, batches): ...          # rows of each batch, padding dropped
+  arrays = fwd.extract(params, batches)                  # the whole set, in set order
+
+A `Forward` holds one `jax.jit` step; XLA compiles it once per (parameter structure, per-device
+batch shape), so every set that goes through the same `Forward` with the same global batch
+size (sets are padded to it) reuses one compilation. Input scorers (ODIN) are part of the
+step, so a run needs at most two: one without scorers (the fit set, which no detector scores)
+and one with them (every scored set). `chunks` keeps up to `depth` steps in flight: step i+1
+is dispatched (and its outputs start copying to the host) before step i's outputs are fetched,
+so host input and device compute overlap. Features and logits come out at least float32
+whatever dtype the model computes in (bfloat16 outputs are cast; float32 ones are untouched).
+
+`extract_chunks` / `extract` are one-call wrappers that build a fresh `Forward` (one compile
+per call); keep a `Forward` to reuse the compiled step across sets.
 """
 from __future__ import annotations
 
+import collections
 import time
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fi_jax import distributed
@@ -17,41 +37,91 @@ from fi_jax import distributed
 # predict_fn(params, images) -> (logits [B, C], features [B, D])
 PredictFn = Callable[[object, jax.Array], tuple[jax.Array, jax.Array]]
 # input scorer: (params, images) -> scores [B] or {column: [B]}; e.g. ODIN, which needs gradients
-# w.r.t. inputs
+# w.r.t. inputs; AdaSCALE returns {"stat": [B]} (stored as stat/<name>)
 InputScorer = Callable[[object, jax.Array], object]
+_PASS_THROUGH = ("label", "group", "_id", "_mask")
+
+
+class Forward:
+  """The compiled forward step of one model (and its input scorers) on one mesh.
+
+  `step(params, global_batch)` -> {logits, features, label, group, _id, _mask,
+  score/<name>...} as replicated device arrays (dispatched asynchronously); `chunks` and
+  `extract` run it over a set's batches. Reuse one `Forward` for every set: its jitted step
+  compiles once per per-device batch shape.
+  """
+
+  def __init__(self, predict_fn: PredictFn, mesh, *,
+               input_scorers: Optional[Mapping[str, InputScorer]] = None):
+    self.predict_fn, self.mesh = predict_fn, mesh
+    self.input_scorers = dict(input_scorers or {})
+    self._repl = distributed.replicated(mesh)
+    scorers = self.input_scorers
+
+    def step(params, batch):
+      logits, features = predict_fn(params, batch["image"])
+      out = {"logits": _at_least_f32(logits), "features": _at_least_f32(features),
+             **{k: batch[k] for k in _PASS_THROUGH}}
+      for name, scorer in scorers.items():
+        res = scorer(params, batch["image"])
+        for col, v in (res.items() if isinstance(res, dict) else [("score", res)]):
+          out[f"{col}/{name}"] = v
+      return out
+
+    self.step = jax.jit(step, out_shardings=self._repl)
+
+  def put_params(self, params):
+    """`params` replicated on the mesh (a no-op when they already are)."""
+    return jax.device_put(params, self._repl)
+
+  def chunks(self, params, batches: Iterable[dict[str, np.ndarray]], *,
+             steps: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
+             depth: int = 2) -> Iterator[dict[str, np.ndarray]]:
+    """Runs the step over every (process-local) batch; yields each batch's rows (padding
+    dropped) as {features, logits, label, group, _id, score/<name>...}, in the order of
+    `batches`, with up to `depth` steps in flight."""
+    params = self.put_params(params)
+    pending: collections.deque = collections.deque()
+    t0 = last = time.time()
+    for i, local in enumerate(batches):
+      out = self.step(params, distributed.global_batch(self.mesh, local))
+      for v in out.values():
+        v.copy_to_host_async()   # the transfer starts as soon as the step is done
+      pending.append(out)
+      if len(pending) >= max(1, depth):
+        yield _rows(pending.popleft())
+      if time.time() - last > 30:
+        last = time.time()
+        log(f"  batch {i + 1}/{steps or '?'} ({time.time() - t0:.0f} s)")
+    while pending:
+      yield _rows(pending.popleft())
+
+  def extract(self, params, batches: Iterable[dict[str, np.ndarray]], *,
+              steps: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
+              ) -> dict[str, np.ndarray]:
+    """The whole set: {features, logits, label, group, score/<name>...} in set order."""
+    return in_set_order(list(self.chunks(params, batches, steps=steps, log=log)))
+
+
+def _at_least_f32(x: jax.Array) -> jax.Array:
+  """bfloat16 / float16 model outputs as float32; float32 (and float64) unchanged."""
+  return x.astype(jnp.float32) if x.dtype.itemsize < 4 else x
+
+
+def _rows(out: dict[str, jax.Array]) -> dict[str, np.ndarray]:
+  """A step's outputs on the host, padding rows dropped."""
+  out = jax.device_get(out)
+  keep = np.asarray(out.pop("_mask")).astype(bool)
+  return {k: np.asarray(v)[keep] for k, v in out.items()}
 
 
 def extract_chunks(predict_fn: PredictFn, params, batches: Iterable[dict[str, np.ndarray]],
                    mesh, *, input_scorers: Optional[dict[str, InputScorer]] = None,
                    steps: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
                    ) -> Iterator[dict[str, np.ndarray]]:
-  """Runs the model over every batch; yields each batch's rows (padding dropped) as
-  {features, logits, label, group, _id, score/<name>...}, in the order of `batches`."""
-  input_scorers = dict(input_scorers or {})
-  repl = distributed.replicated(mesh)
-
-  def step(params, batch):
-    logits, features = predict_fn(params, batch["image"])
-    out = {"logits": logits, "features": features,
-           **{k: batch[k] for k in ("label", "group", "_id", "_mask")}}
-    for name, scorer in input_scorers.items():
-      res = scorer(params, batch["image"])
-      # a scorer returns scores [B], or {column: [B]} (AdaSCALE's {"stat": ...}) -> column/<name>
-      for col, v in (res.items() if isinstance(res, dict) else [("score", res)]):
-        out[f"{col}/{name}"] = v
-    return out
-
-  step = jax.jit(step, out_shardings=repl)
-  params = jax.device_put(params, repl)
-  t0, last = time.time(), time.time()
-  for i, local in enumerate(batches):
-    out = step(params, distributed.global_batch(mesh, local))
-    out = jax.device_get(out)
-    keep = out.pop("_mask").astype(bool)
-    yield {k: np.asarray(v)[keep] for k, v in out.items()}
-    if time.time() - last > 30:
-      last = time.time()
-      log(f"  batch {i + 1}/{steps or '?'} ({time.time() - t0:.0f} s)")
+  """`Forward(predict_fn, mesh, input_scorers).chunks(...)` (compiles a new step)."""
+  return Forward(predict_fn, mesh, input_scorers=input_scorers).chunks(
+      params, batches, steps=steps, log=log)
 
 
 def in_set_order(chunks: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -67,6 +137,7 @@ def extract(predict_fn: PredictFn, params, batches: Iterable[dict[str, np.ndarra
             *, input_scorers: Optional[dict[str, InputScorer]] = None,
             steps: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
             ) -> dict[str, np.ndarray]:
-  """Runs the model over every batch; returns {features, logits, label, group, score/<name>...}."""
-  return in_set_order(list(extract_chunks(predict_fn, params, batches, mesh,
-                                          input_scorers=input_scorers, steps=steps, log=log)))
+  """Runs the model over every batch; returns {features, logits, label, group, score/<name>...}
+  (compiles a new step: keep a `Forward` to reuse it across sets)."""
+  return Forward(predict_fn, mesh, input_scorers=input_scorers).extract(
+      params, batches, steps=steps, log=log)

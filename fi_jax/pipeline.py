@@ -59,7 +59,7 @@ def input_scorer_names(dets: Mapping[str, Any], set_name: str) -> list[str]:
 
 def input_scorers(dets: Mapping[str, Any], names: Sequence[str], predict: extract.PredictFn,
                   input_std: Sequence[float]) -> dict[str, extract.InputScorer]:
-  """{name: scorer(params, images)} for `fi_jax.extract.extract`.
+  """{name: scorer(params, images)} for `fi_jax.extract.Forward`.
 
   `input_std` is the per-channel std of the model's input in [0, 1] pixel units (0.5 for
   value_range(-1, 1)), so that ODIN's epsilon is a pixel-unit step. ODIN gets the logits
@@ -93,15 +93,16 @@ def _agree(n: int) -> int:
   return int(multihost_utils.broadcast_one_to_all(np.int64(n)))
 
 
-def _extract_sharded(name: str, spec: dict, predict, params, scorers, *, pp_fn: Callable,
-                     batch_size: int, mesh, shard_size: int, shard_root: Optional[str],
+def _extract_sharded(name: str, spec: dict, forward: extract.Forward, params, *,
+                     pp_fn: Callable, batch_size: int, shard_size: int, shard_root: Optional[str],
                      log: Log) -> Arrays:
   """One set through the model, written to `shard_root` in shards of about `shard_size`
   examples as it goes, so that a rerun after a kill resumes at the shard in flight.
 
   A shard is a run of whole global batches; its rows are kept in extraction order with their
   `_id`s, and the set's arrays are all shards' rows put in set order, exactly as one pass
-  would give them (the same batches through the same jitted step).
+  would give them (the same batches through the same jitted step); shards are written as
+  the rows arrive from the device, while the next steps are in flight.
   """
   steps_per_shard = max(1, -(-shard_size // batch_size)) if shard_size else 0
   done = _finished_shards(shard_root, log) if shard_root and steps_per_shard else []
@@ -120,8 +121,7 @@ def _extract_sharded(name: str, spec: dict, predict, params, scorers, *, pp_fn: 
     log(f"{name}: resuming at shard {n_done + 1}/{n_shards} ({n_done} finished shard(s), "
         f"{sum(len(d['_id']) for d in done)} examples, from {shard_root})")
   chunks, shard, step = [], [], n_done * steps_per_shard
-  for rows in extract.extract_chunks(predict, params, it, mesh, input_scorers=scorers,
-                                     steps=steps, log=log):
+  for rows in forward.chunks(params, it, steps=steps, log=log):
     shard.append(rows)
     step += 1
     if steps_per_shard and step % steps_per_shard == 0 and step < steps:
@@ -141,7 +141,7 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
                  input_std: Sequence[float], log: Log = _no_log,
                  load: Optional[LoadFn] = None, save: Optional[SaveFn] = None,
                  shard_size: int = 0, shard_root: Optional[ShardRootFn] = None,
-                 ) -> dict[str, Arrays]:
+                 forwards: Optional[dict] = None) -> dict[str, Arrays]:
   """The arrays of every set: from `load` when it has them, else through the model.
 
   `model()` returns (predict_fn, params) and is called only when a set is extracted (so a
@@ -149,18 +149,28 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
   and `shard_root`, a set is also written in shards of about `shard_size` examples while it
   is extracted (removed once `save` has the whole set), and an interrupted extraction resumes
   at its first missing shard.
+
+  The compiled forward is built once per run, not per set: one `extract.Forward` without
+  input scorers (the fit set) and one with them (every other set), each compiling once for the
+  per-device batch shape. Pass the same `forwards` dict to several calls with the same
+  `model()` predict_fn and detectors (e.g. the evaluator, every evaluation) to reuse their
+  compilations across calls too.
   """
+  forwards = {} if forwards is None else forwards
   out = {}
   for name, spec in specs.items():
     names = input_scorer_names(dets, name)
     arrays = load(name, spec, names) if load else None
     if arrays is None:
       predict, params = model()
-      scorers = input_scorers(dets, names, predict, input_std)
+      key = (predict, tuple(names))
+      if key not in forwards:
+        forwards[key] = extract.Forward(
+            predict, mesh, input_scorers=input_scorers(dets, names, predict, input_std))
       t = time.time()
       root = shard_root(name, spec, names, batch_size, shard_size) if shard_root else None
-      arrays = _extract_sharded(name, spec, predict, params, scorers, pp_fn=pp_fn,
-                                batch_size=batch_size, mesh=mesh, shard_size=shard_size,
+      arrays = _extract_sharded(name, spec, forwards[key], params, pp_fn=pp_fn,
+                                batch_size=batch_size, shard_size=shard_size,
                                 shard_root=root, log=log)
       if save:
         save(name, spec, names, arrays, time.time() - t)
