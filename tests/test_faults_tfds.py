@@ -62,3 +62,18 @@ def test_truncated_archives_raise_usage_error(tmp_path, kind):
     for name in (archive.names() if archive.random_access else []):
       archive.read(name)
     list(archive.iter_files())
+
+
+def test_every_mismatching_count_is_listed_at_once(tmp_path):
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+  r = subprocess.run([sys.executable, "-m", "tfds_fi_imagenet", "build", "fi_imagenet_1k",
+                      f"--manual_dir={DUMMY}", f"--data_dir={tmp_path / 'data'}",
+                      "--file_format=array_record", "--expect", "ood=6", "--expect",
+                      "ambiguous=9", "--expect", "id=4"],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 1, r.stderr[-2000:]
+  last = r.stderr.strip().splitlines()[-1]
+  assert "3 count(s) differ" in last, last
+  for part in ("has 5 images, expected 6", "has 2 images, expected 9", "has 3 images, expected 4",
+               "--expect ood=5 --expect ambiguous=2 --expect id=3"):
+    assert part in last, (part, last)
