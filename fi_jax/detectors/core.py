@@ -158,7 +158,7 @@ class Detector(abc.ABC):
     if blocks is None:
       return self._score_jit(state, *self._score_args(state, outputs))
     parts = [np.asarray(self._score_jit(state, *self._score_args(state, b))) for b in blocks]
-    return jnp.asarray(np.concatenate(parts)[:n])
+    return jax.device_put(np.concatenate(parts)[:n])
 
   def _score_args(self, state, outputs) -> tuple:
     """The two arrays `_score` receives after the state: (features, logits) by default (None
@@ -192,7 +192,8 @@ def score_blocks(outputs: Outputs, block: Optional[int]) -> tuple[int, Optional[
         return None
       x = x[start:start + block]
       pad = block - len(x)
-      return jnp.asarray(np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) if pad else x)
+      # device_put, not jnp.asarray: no per-shape staging compilation
+      return jax.device_put(np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) if pad else x)
     return [Outputs(*(part(x, start) for x in host)) for start in range(0, n, block)]
   return n, shared.memo((outputs,), ("score_blocks", block), make)
 
