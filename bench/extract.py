@@ -157,7 +157,7 @@ def main(argv=None) -> None:
       for label, rate in (("model only", b), ("end to end", c)):
         mfu = flops / args.batch * rate / (args.peak_tflops * 1e12)
         print(f"MFU {label}: {100 * mfu:.1f}% of {args.peak_tflops:g} TFLOP/s")
-  print("compilations:", dict(compiles), f"(forward step: {compiles['step']})")
+  print("compilations:", dict(compiles), f"(forward step: {compiles['jit(step)']})")
 
 
 if __name__ == "__main__":
