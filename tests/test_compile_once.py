@@ -53,7 +53,8 @@ def f32_run(tmp_path_factory):
 
 def test_demo_compiles_forward_once_and_each_score_once(f32_run):
   _, _, results, counts = f32_run
-  assert len(results["meta"]["set_sizes"]) == 3 and len(set(results["meta"]["set_sizes"].values())) == 3
+  sizes = results["meta"]["set_sizes"]
+  assert len(sizes) == 3 and len(set(sizes.values())) == 3   # three sets of different sizes
   # the fit set's step (no input scorers) and the scored sets' step (ODIN): one compile each,
   # not one per set
   assert counts["jit(step)"] == 2, counts
