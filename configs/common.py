@@ -68,6 +68,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.x64 = True
   c.cache = True
   c.cache_shard_size = 4096       # examples per shard of an extraction (a killed run resumes there)
+  c.compilation_cache_dir = "~/.cache/fi_jax/jax_cache"   # JAX's persistent compilation
+  #                                 cache ('' = off): a rerun compiles nothing
   c.nonfinite = "error"           # non-finite features/logits: 'error' | 'drop' (rows, counted)
   return c
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
 
 from fi_jax import (cache, data, detectors, distributed, features, pipeline, preflight,
                     preprocess, report, train, validate)
@@ -260,6 +261,25 @@ def report_extras(specs: dict[str, dict], sets: dict) -> dict:
   return {"group_names": names, "predicted_as": predicted}
 
 
+def default_compilation_cache_dir() -> str:
+  """~/.cache/fi_jax/jax_cache (under $XDG_CACHE_HOME when set)."""
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(root, "fi_jax", "jax_cache")
+
+
+def use_compilation_cache(path: Optional[str]) -> Optional[str]:
+  """Turns on JAX's persistent compilation cache in `path` (None: the default folder; '':
+  off), caching every compilation however quick or small, so that a rerun compiles nothing.
+  Returns the folder in use (None when off)."""
+  path = default_compilation_cache_dir() if path is None else os.path.expanduser(path)
+  if jax.config.jax_compilation_cache_dir != (path or None):
+    jax.config.update("jax_compilation_cache_dir", path or None)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.reset_cache()   # applies the new folder even after earlier compilations
+  return path or None
+
+
 def run(config, workdir: str, log: Log = _log_default) -> dict:
   """Runs the whole benchmark described by `config`; writes and returns the results."""
   t_start = time.time()
@@ -267,6 +287,7 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
   validate.validate_config(config, workdir)   # every bad value fails here, before any work
   if config.get("x64", True):
     jax.config.update("jax_enable_x64", True)
+  use_compilation_cache(config.get("compilation_cache_dir", None))
 
   dets = build_detectors(config)   # fails fast on unknown detector names / hparams
   specs = set_specs(config)

@@ -25,6 +25,9 @@ from fi_jax.detectors import shared
 from fi_jax.outputs import Head, Outputs  # re-exported: detectors.core.Head / .Outputs
 
 HIGHEST = jax.lax.Precision.HIGHEST
+# Rows per call of a detector's jitted score: every set is scored in blocks of this many rows
+# (the last one padded), so one compilation serves every set size. None scores a set in one call.
+SCORE_BLOCK: Optional[int] = 4096
 NEEDS = frozenset({"features", "logits", "labels", "head", "inputs"})
 
 
@@ -164,11 +167,24 @@ class Detector(abc.ABC):
   # -- scoring
   def score(self, state: dict, outputs: Outputs) -> jax.Array:
     """Scores [N] (higher = more ID), float64 when x64 is on. `outputs` must match the shapes
-    the detector was fitted on (feature dimension, number of classes)."""
+    the detector was fitted on (feature dimension, number of classes).
+
+    The rows go through `_score_args` and the jitted `_score` in blocks of `SCORE_BLOCK` rows
+    (the last block padded by repeating its last row; padded scores are dropped), so every
+    set reuses one compilation. Scores are row-wise, so this gives the same values as one call
+    on the whole set (up to the last bit: XLA may vectorise a different row count differently).
+    """
     check_outputs(outputs, self.needs - {"labels", "head", "inputs"}, self.name)
     core = check_state(state, outputs, self.needs, self.name)
     return shared.memo((state, outputs), ("score", type(self), self._hp_key),
-                       lambda: self._score_jit(core, *self._score_args(core, outputs)))
+                       lambda: self._score_blocked(core, outputs))
+
+  def _score_blocked(self, state, outputs: Outputs) -> jax.Array:
+    n, blocks = score_blocks(outputs, SCORE_BLOCK)
+    if blocks is None:
+      return self._score_jit(state, *self._score_args(state, outputs))
+    parts = [np.asarray(self._score_jit(state, *self._score_args(state, b))) for b in blocks]
+    return jax.device_put(np.concatenate(parts)[:n])
 
   def _score_args(self, state, outputs) -> tuple:
     """The two arrays `_score` receives after the state: (features, logits) by default (None
@@ -372,6 +388,34 @@ def check_labels(labels, num_classes: Optional[int], name: str) -> None:
             and lo >= 0 else "")
     raise ValueError(f"{name}: Outputs.labels must be in [0, {c}) or -1 (unknown), got values "
                      f"in [{lo}, {hi}]{hint}.")
+
+
+def score_blocks(outputs: Outputs, block: Optional[int]) -> tuple[int, Optional[list]]:
+  """(N, [Outputs of `block` rows each]) covering the N rows of `outputs`, the last one padded
+  by repeating its last row; (N, None) when `block` is None or there are no rows. Inside
+  `detectors.shared()` the blocks of one `Outputs` are made once, so that work memoised by
+  array identity (class Gaussians, neighbour searches) is still shared between detectors."""
+  n = next(np.shape(x)[0] for x in (outputs.features, outputs.logits, outputs.labels)
+           if x is not None)
+  if not block or not n:
+    return n, None
+
+  def make():
+    host = [None if x is None else np.asarray(x)
+            for x in (outputs.features, outputs.logits, outputs.labels)]
+
+    def part(x, start):
+      if x is None:
+        return None
+      x = x[start:start + block]
+      pad = block - len(x)
+      # device_put, not jnp.asarray: no per-shape staging compilation
+      return jax.device_put(np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) if pad else x)
+    extras = {k: np.asarray(v) for k, v in (outputs.extras or {}).items()}
+    return [Outputs(*(part(x, start) for x in host),
+                    {k: part(v, start) for k, v in extras.items()} if outputs.extras else None)
+            for start in range(0, n, block)]
+  return n, shared.memo((outputs,), ("score_blocks", block), make)
 
 
 def check_outputs(outputs, needs, name: str) -> None:

@@ -1,0 +1,109 @@
+"""Compile once: the demo compiles its forward step once (plus once for the input-scorer step)
+and each detector's score once, whatever the number and sizes of the sets; bf16 compute gives
+float32 outputs and AUROCs close to float32 compute."""
+from __future__ import annotations
+
+import collections
+import contextlib
+
+import jax
+import numpy as np
+import pytest
+
+from configs import demo
+from fi_jax import pipeline, run
+
+DETECTORS = ("msp", "energy", "odin", "mds", "knn", "react")
+
+
+@contextlib.contextmanager
+def compilations():
+  """Counts XLA compilations (or persistent-cache loads) by function name."""
+  counts: collections.Counter = collections.Counter()
+
+  def listener(event, duration, **kw):
+    del duration
+    if event == "/jax/core/compile/backend_compile_duration":
+      counts[kw.get("fun_name", "?")] += 1
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield counts
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def _config(**model):
+  c = demo.get_config("quick")
+  c.detectors = DETECTORS
+  c.detector_hparams = demo.get_config().detector_hparams
+  c.compilation_cache_dir = ""   # count real compilations; nothing written to the home folder
+  c.model.update(model)
+  return c
+
+
+@pytest.fixture(scope="module")
+def f32_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("f32"))
+  c = _config()
+  run.LazyModel(c, print, workdir).get()   # train first: only the run is counted below
+  with compilations() as counts:
+    results = run.run(c, workdir, log=lambda s: None)
+  return c, workdir, results, counts
+
+
+def test_demo_compiles_forward_once_and_each_score_once(f32_run):
+  _, _, results, counts = f32_run
+  sizes = results["meta"]["set_sizes"]
+  assert len(sizes) == 3 and len(set(sizes.values())) == 3   # three sets of different sizes
+  # the fit set's step (no input scorers) and the scored sets' step (ODIN): one compile each,
+  # not one per set
+  assert counts["jit(step)"] == 2, counts
+  # one jitted score per detector (ODIN scores during extraction), whatever the set size
+  assert 1 <= counts["jit(_score)"] <= len(DETECTORS) - 1, counts
+
+
+def test_bf16_compute_gives_float32_outputs_and_close_aurocs(f32_run):
+  c32, workdir, results, _ = f32_run
+  c16 = _config(dtype_mm="bfloat16")
+  model = run.LazyModel(c16, print, workdir)
+  model.params_cache = run.LazyModel(c32, print, workdir).params_cache   # the same weights
+  dets = run.build_detectors(c16)
+  sets = run.extract_sets(c16, model, workdir, lambda s: None, dets)
+  for arrays in sets.values():
+    assert arrays["features"].dtype == np.float32 and arrays["logits"].dtype == np.float32
+  head = run.cached_head(c32, model, workdir)
+  scores, errors = pipeline.score_sets(dets, sets, head)
+  assert not errors
+  auroc16 = {r["detector"]: r["auroc"] for r in pipeline.metric_rows(scores, sets)}
+  auroc32 = {r["detector"]: r["auroc"] for r in results["rows"]}
+  diff = {d: auroc16[d] - auroc32[d] for d in auroc32}
+  print("AUROC bf16 - float32:", {d: f"{v:+.4f}" for d, v in diff.items()})
+  assert sorted(diff) == sorted(DETECTORS)
+  assert max(abs(v) for v in diff.values()) < 0.02, diff
+
+
+@pytest.mark.parametrize("name", ["msp", "energy", "mds", "knn", "react", "vim"])
+def test_block_scoring_matches_one_call(name, monkeypatch):
+  """Scores in blocks (the last one padded) equal one call on the whole set, up to float
+  rounding (XLA vectorises differently for other shapes); rows never interact."""
+  from fi_jax import detectors   # pylint: disable=g-import-not-at-top
+  from fi_jax.detectors import core  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  d, c = 16, 5
+  w, b = rng.normal(size=(d, c)).astype(np.float32), rng.normal(size=c).astype(np.float32)
+  head = detectors.Head(jax.numpy.asarray(w), jax.numpy.asarray(b))
+
+  def outputs(n):
+    h = np.abs(rng.normal(size=(n, d))).astype(np.float32)
+    return detectors.Outputs(jax.numpy.asarray(h), jax.numpy.asarray(h @ w + b),
+                             jax.numpy.asarray(rng.integers(0, c, n)))
+  hp = {"knn": dict(k=5), "vim": dict(dim=8)}.get(name, {})
+  det = detectors.build(name, **hp)
+  state = det.fit(outputs(200), head)
+  test = outputs(150)
+  monkeypatch.setattr(core, "SCORE_BLOCK", None)
+  whole = np.asarray(det.score(state, test))
+  monkeypatch.setattr(core, "SCORE_BLOCK", 64)   # 3 blocks, the last one padded by 42 rows
+  blocked = np.asarray(det.score(state, test))
+  assert blocked.shape == (150,)
+  np.testing.assert_allclose(blocked, whole, rtol=1e-12, atol=1e-12)
