@@ -226,3 +226,23 @@ def test_safetensors_reader_bf16(tmp_path):
   assert readers.is_safetensors(str(d)) and not readers.is_safetensors(str(tmp_path / "x.npz"))
   sharded = readers.load_safetensors(str(d))
   assert sorted(sharded) == ["a", "b"] and sharded["a"].dtype == ml_dtypes.bfloat16
+
+
+def test_posemb_resample_is_logged_and_errors_say_what_differs(tmp_path, caplog):
+  from fi_jax.models import posemb
+  _, params = _init(num_classes=5, pool_type="gap")
+  path = str(tmp_path / "p.npz")
+  readers.save_npz(path, params)
+  _, init48 = _init(res=48, num_classes=5, pool_type="gap")
+  with caplog.at_level("WARNING", logger="fi_jax.models.posemb"):
+    vit.load(init48, path)
+  assert [r.getMessage() for r in caplog.records if "posemb" in r.getMessage()] == [
+      "Resampled the posemb grid from 4x4 to 6x6 (the model's input size / patch size differ "
+      "from the checkpoint's)."]
+  with pytest.raises(ckpt.CheckpointError, match=r"width \(channels\) differs \(checkpoint "
+                     r"\(1, 16, 32\), model \(1, 16, 48\)\).*width 32.*width 48.*width="):
+    posemb.resample_posemb(np.zeros((1, 16, 32)), (1, 16, 48))
+  with pytest.raises(ckpt.CheckpointError, match=r"grid \(tokens\) differs \(checkpoint "
+                     r"\(1, 16, 32\), model \(1, 24, 32\)\) and the model's 24 tokens are not a "
+                     r"square h x w grid.*res="):
+    posemb.resample_posemb(np.zeros((1, 16, 32)), (1, 24, 32))
