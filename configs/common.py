@@ -1,6 +1,8 @@
 """Pieces shared by the configs: the pipeline's defaults and arg parsing."""
 from __future__ import annotations
 
+import re
+
 import ml_collections
 
 from fi_jax import detectors
@@ -33,6 +35,21 @@ def parse_arg(arg: str | None, **defaults):
     elif d is not None:
       v = type(d)(v)
     out[k] = v
+  return out
+
+
+# Architecture arguments of the ViT-like families (configs/vit.py, siglip2.py (image tower),
+# clip.py (image tower), dinov2.py): 0 = the variant's value. `res` (input size) is per config.
+ARCH_ARGS = dict(width=0, depth=0, heads=0, mlp_dim=0, patch=0)
+
+
+def arch_overrides(arg, patch_tuple: bool = False) -> dict:
+  """The Model kwargs of the `ARCH_ARGS` given (non-zero) in `arg`, over the variant's values."""
+  names = dict(width="width", depth="depth", heads="num_heads", mlp_dim="mlp_dim",
+               patch="patch_size")
+  out = {names[k]: arg[k] for k in ARCH_ARGS if arg[k]}
+  if patch_tuple and "patch_size" in out:
+    out["patch_size"] = (out["patch_size"],) * 2
   return out
 
 
@@ -119,9 +136,19 @@ def imagenet_benchmark(c: ml_collections.ConfigDict, arg) -> ml_collections.Conf
   c.detectors = posthoc_detectors(arg.odin)
   c.detector_preset = arg.preset
   c.random_init = arg.random_init
-  if arg.random_init and not c.model_init:
-    c.model_label += " (random init)"
+  if arg.random_init and not c.model_init and c.model_label:
+    c.model_label += " (random init)"   # an unset label gets it in fi_jax.run.model_label
   return c
+
+
+def zoo_pp_at(pp: str, res: int) -> str:
+  """A zoo eval pp (resize, then centre crop to C) at crop size `res`: the crop becomes `res`
+  and the resize scales with it (timm's crop_pct and torchvision's resize/crop ratio kept)."""
+  crop = int(re.search(r"central_crop_torchvision\((\d+)\)", pp).group(1))
+  pp = re.sub(r"central_crop_torchvision\(\d+\)", f"central_crop_torchvision({res})", pp)
+  pp = re.sub(r"resize_timm\(\d+,", f"resize_timm({res},", pp)
+  return re.sub(r"resize_torchvision\((\d+),",
+                lambda m: f"resize_torchvision({round(int(m.group(1)) * res / crop)},", pp)
 
 
 def zoo_benchmark(source: str, arg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -140,5 +167,7 @@ def zoo_benchmark(source: str, arg: ml_collections.ConfigDict) -> ml_collections
   c.model_init = arg.ckpt
   c.init_shape = zoo.init_shape(info)
   c.pp = info["pp"]
+  if arg.res:
+    c.init_shape, c.pp = (1, arg.res, arg.res, 3), zoo_pp_at(info["pp"], arg.res)
   c.input_std = tuple(info["std"])
   return imagenet_benchmark(c, arg)

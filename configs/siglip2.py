@@ -8,6 +8,11 @@ $FI_JAX_CHECKPOINT_DIR, or give `ckpt=/path/file.npz`), the SentencePiece tokeni
 gs://t5-data/vocabs/cc_en.32000/sentencepiece.model) and the prepared TFDS sets as for
 configs/vit.py. The classifier head is the zero-shot head: ImageNet class names x the 80 CLIP
 prompts (+ "{}"), averaged and renormalised, times exp(t) plus b.
+
+Arguments: `release`, `ckpt`, `tokenizer`, `templates`; the image tower's `width`, `depth`,
+`heads`, `mlp_dim`, `patch` (0 = the release's); `res` (input size, 0 = the release's; the
+posemb is resampled at load, with a warning); and the common ImageNet ones (configs/common.py
+IMAGENET_ARGS). The report's model label is the release name (or the `ckpt` file's name).
 """
 import ml_collections
 
@@ -17,15 +22,19 @@ from fi_jax.models import releases
 
 def get_config(arg=None):
   arg = common.parse_arg(arg, release="siglip2_b16_224", ckpt="", tokenizer="",
-                         templates="clip_paper", **common.IMAGENET_ARGS)
+                         templates="clip_paper", res=0, **common.ARCH_ARGS,
+                         **common.IMAGENET_ARGS)
   rc = releases.siglip_release_config(arg.release)
   c = common.base_config()
   c.model_name = "two_towers"
-  c.model_label = arg.release
+  rc["model"]["image"].update(common.arch_overrides(arg, patch_tuple=True))
   c.model = ml_collections.ConfigDict(rc["model"])
   c.model_init = arg.ckpt or rc["model_init"]
   c.init_shape = rc["init_shape"]
   c.pp = rc["pp"]
+  if arg.res:
+    c.init_shape = (1, arg.res, arg.res, 3)
+    c.pp = f"decode|resize({arg.res})|value_range(-1, 1)"
   c.zero_shot = ml_collections.ConfigDict(dict(
       tokenizer=arg.tokenizer, tokenizer_kind=rc["tokenizer"], templates=arg.templates,
       batch_size=256))

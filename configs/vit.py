@@ -8,6 +8,13 @@ and, in `data_dir`, the prepared TFDS sets: imagenet2012 (train, the detectors' 
 own builder with the manual tar), fi_imagenet_1k, ninco, ssb_hard, inaturalist_ood,
 openimage_o, textures_ood (python -m tfds_fi_imagenet build ...). Drop OOD sets you have not
 built with `ood=fi_imagenet_1k+ninco`.
+
+Arguments: `ckpt`; `variant` (B/16, L/16, ...); `width`, `depth`, `heads`, `mlp_dim`, `patch`
+(0 = the variant's; for a checkpoint of another shape); `res` (input size; the posemb is
+resampled at load if the checkpoint's grid differs, with a warning); `pool` (tok/gap/map);
+`rep_size`; `timm_gelu` (exact GELU, timm weights); and the common ImageNet ones
+(configs/common.py IMAGENET_ARGS). The report's model label is the variant plus the
+checkpoint file's name (`--config.model_label=...` sets one).
 """
 import ml_collections
 
@@ -16,13 +23,13 @@ from configs import common
 
 def get_config(arg=None):
   arg = common.parse_arg(arg, ckpt="", variant="B/16", pool="tok", res=224, rep_size=0,
-                         timm_gelu=False, **common.IMAGENET_ARGS)
+                         timm_gelu=False, **common.ARCH_ARGS, **common.IMAGENET_ARGS)
   c = common.base_config()
   c.model_name = "vit"
-  c.model_label = f"vit-{arg.variant}"
   c.model = ml_collections.ConfigDict(dict(
       num_classes=1000, variant=arg.variant, pool_type=arg.pool, rep_size=arg.rep_size or False,
-      act="gelu_exact" if arg.timm_gelu else "gelu"))
+      act="gelu_exact" if arg.timm_gelu else "gelu",
+      **common.arch_overrides(arg, patch_tuple=True)))
   c.model_init = arg.ckpt
   c.init_shape = (1, arg.res, arg.res, 3)
   # vit_jax / AugReg evaluation: squash resize to the resolution, values in [-1, 1].

@@ -165,8 +165,8 @@ def table(results: Mapping) -> str:
     head.append("note")
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   meta = results.get("meta", {})
-  model = (rows[0]["model"] if rows else
-           meta.get("config", {}).get("model_label") or meta.get("model_name", ""))
+  model = (rows[0]["model"] if rows else meta.get("model_label")
+           or meta.get("config", {}).get("model_label") or meta.get("model_name", ""))
   id_set = rows[0]["id_set"] if rows else meta.get("config", {}).get("id_name", "")
   by_key = {(r["detector"], r["ood_set"]): r for r in rows}
   for ood in ood_sets(results) or [""]:
@@ -309,7 +309,8 @@ def write(results: Mapping, workdir: str) -> None:
     for r in rows:
       w.writerow(_jsonable(r))
   key, where = sort_spec(results)
-  title = meta.get("config", {}).get("model_label") or meta.get("model_name", "")
+  title = (meta.get("model_label") or meta.get("config", {}).get("model_label")
+           or meta.get("model_name", ""))
   if meta.get("random_init"):
     title += " (RANDOM INIT: untrained weights, not a released model)"
   with open(os.path.join(workdir, "results.md"), "w") as f:
@@ -561,7 +562,8 @@ def compare(workdirs: Sequence[str], out: Optional[str] = None,
   keys = list(dict.fromkeys((r["model"], r["detector"]) for r in rows))
   for r in runs:
     for f in failures(r):
-      label = r["meta"].get("config", {}).get("model_label") or r["meta"].get("model_name", "")
+      label = (r["meta"].get("model_label") or r["meta"].get("config", {}).get("model_label")
+               or r["meta"].get("model_name", ""))
       if (label, f["detector"]) not in keys:
         keys.append((label, f["detector"]))
   by = {(r["model"], r["detector"], r["ood_set"]): r for r in rows}

@@ -18,11 +18,13 @@ With every set `source="features"` (fi_jax/features.py) steps 1-2 read arrays fr
 """
 from __future__ import annotations
 
+import datetime
+import hashlib
 import importlib
 import os
 import platform
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +33,8 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from fi_jax import (cache, data, detectors, distributed, features, pipeline, preflight,
                     preprocess, report, train, validate)
-from fi_jax.models import checkpoints
+from fi_jax.models import checkpoints, releases
+from fi_jax.models.convert import readers
 
 Log = Callable[[str], None]
 
@@ -146,6 +149,60 @@ def model_key(config) -> str:
   return cache.key_of(config.model_name, to_dict(config.model), config.get("model_init", ""),
                       to_dict(config.get("model_load", {})), to_dict(config.get("train") or {}),
                       config.pp, config.seed, list(config.get("init_shape", ())))
+
+
+# File stems that name no model (hub downloads): the label takes the folder name too.
+_GENERIC_STEMS = ("model", "pytorch_model", "open_clip_model", "open_clip_pytorch_model")
+
+
+def _checkpoint_files(config) -> list[str]:
+  """The local files the model loads: model_init (a release name resolved as by the loaders,
+  a sub-key ':img' dropped) and the DINOv2 head (model_load.head)."""
+  init = config.get("model_init") or ""
+  names = {**releases.VANITY_NAMES, **releases.SIGLIP_RELEASES}
+  inits = list(init.values()) if isinstance(init, Mapping) else [init] if init else []
+  files = [readers.split_subkey(releases.resolve_vanity(str(f), names)[0])[0] for f in inits]
+  head = config.get("model_load", {}).get("head")
+  return files + ([head] if head else [])
+
+
+def model_label(config) -> str:
+  """The report's model name: `config.model_label` if set, else the model family and variant
+  with the checkpoint actually loaded (its file name; a release name as is), so that a report
+  never names a model other than the one evaluated."""
+  if config.get("model_label"):
+    return config.model_label
+  m = to_dict(config.model)
+  variant = m.get("variant") or (m.get("image") or {}).get("variant")
+  base = config.model_name + (f"-{variant}" if isinstance(variant, str) and variant else "")
+  init = config.get("model_init") or ""
+  if not init:
+    return base + (" (random init)" if config.get("random_init") else "")
+  if isinstance(init, str) and init.partition(":")[0] in {**releases.VANITY_NAMES,
+                                                         **releases.SIGLIP_RELEASES}:
+    return init
+  file = _checkpoint_files(config)[0]
+  stem = os.path.splitext(os.path.basename(file))[0]
+  if stem in _GENERIC_STEMS:
+    stem = f"{os.path.basename(os.path.dirname(os.path.abspath(file)))}/{stem}"
+  return f"{base} ({stem})"
+
+
+def checkpoint_meta(config) -> list[dict[str, Any]]:
+  """Path, size, mtime and sha256 of the first MiB of each checkpoint file loaded (results
+  meta: which file a report came from, without hashing gigabytes)."""
+  out = []
+  for f in _checkpoint_files(config):
+    if not os.path.isfile(f):
+      out.append({"path": f, "exists": False})
+      continue
+    st = os.stat(f)
+    with open(f, "rb") as fh:
+      head = hashlib.sha256(fh.read(1 << 20)).hexdigest()
+    out.append({"path": os.path.abspath(f), "bytes": st.st_size,
+                "mtime": datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc)
+                .isoformat(timespec="seconds"), "sha256_first_mib": head})
+  return out
 
 
 class LazyModel:
@@ -329,7 +386,7 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
   t = time.time()
   mcfg = to_dict(config.get("metrics", {}))
   rows = pipeline.metric_rows(
-      scores, sets, model=config.get("model_label") or config.model_name,
+      scores, sets, model=model_label(config),
       id_set=config.get("id_name", "id"), tpr=mcfg.get("tpr", 0.95),
       per_group=mcfg.get("per_group", True), n_bootstrap=mcfg.get("n_bootstrap", 0),
       seed=config.seed)
@@ -345,6 +402,7 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
           "set_sizes": {k: int(len(v["logits"])) for k, v in sets.items()},
           "ood_sets": [s[len("ood/"):] for s in specs if s.startswith("ood/")],
           "random_init": random_init and not config.get("model_init"),
+          "model_label": model_label(config), "checkpoint": checkpoint_meta(config),
           "timings_s": {},
           "detector_errors": errors, "nonfinite_dropped": dropped, **model_meta,
       },

@@ -42,3 +42,56 @@ def test_zoo_configs_take_names_with_and_without_tags():
   assert tuple(c.input_std) == (0.229, 0.224, 0.225)
   with pytest.raises(ValueError, match="Unknown timm model 'convnext_tinyy'.*convnext_tiny"):
     timm.get_config("name=convnext_tinyy")
+
+
+def test_architecture_args_reach_the_model():
+  from configs import clip, dinov2, siglip2, timm, torchvision, vit
+  arch = "width=64,depth=3,heads=2,mlp_dim=96,patch=8"
+  want = dict(width=64, depth=3, num_heads=2, mlp_dim=96)
+  c = vit.get_config(f"{arch},res=96")
+  assert {k: c.model[k] for k in want} == want and tuple(c.model.patch_size) == (8, 8)
+  assert tuple(c.init_shape) == (1, 96, 96, 3) and "resize(96)" in c.pp
+  run.model_module(c.model_name).Model(**c.model.to_dict())   # the kwargs are the Model's
+  c = siglip2.get_config(f"{arch},res=128")
+  assert {k: c.model.image[k] for k in want} == want and c.model.image.variant == "B/16"
+  assert tuple(c.init_shape) == (1, 128, 128, 3) and "resize(128)" in c.pp
+  c = clip.get_config(f"{arch},res=160")
+  assert {k: c.model.image[k] for k in want} == want and c.model.image.patch_size == 8
+  assert c.model.image_size == 160 and tuple(c.init_shape) == (1, 160, 160, 3)
+  assert "resize_small(160," in c.pp and "central_crop(160)" in c.pp
+  c = dinov2.get_config(f"{arch},res=112")
+  assert {k: c.model[k] for k in want} == want and c.model.patch_size == 8
+  assert tuple(c.init_shape) == (1, 112, 112, 3)
+  assert "resize_small(128," in c.pp and "central_crop(112)" in c.pp
+  assert dinov2.get_config("").pp == dinov2.releases.DINOV2_PP
+  c = torchvision.get_config("name=resnet50,res=160,dtype=bfloat16")
+  assert tuple(c.init_shape) == (1, 160, 160, 3) and c.model.dtype == "bfloat16"
+  assert "resize_torchvision(166, 'bilinear')|central_crop_torchvision(160)" in c.pp  # 232/224
+  c = timm.get_config("name=convnext_tiny.fb_in22k_ft_in1k,res=256")
+  assert "resize_timm(256," in c.pp and "central_crop_torchvision(256)" in c.pp
+  assert timm.get_config("").pp == timm.get_config("res=0").pp
+
+
+def test_labels_and_meta_come_from_the_checkpoint_loaded(tmp_path):
+  import hashlib
+
+  from configs import clip, dinov2, siglip2, vit
+  path = tmp_path / "B_16-i21k-300ep-res_224.npz"
+  path.write_bytes(b"x" * 3000)
+  c = vit.get_config(f"ckpt={path}")
+  assert run.model_label(c) == "vit-B/16 (B_16-i21k-300ep-res_224)"
+  (m,) = run.checkpoint_meta(c)
+  assert (m["path"], m["bytes"]) == (str(path), 3000)
+  assert m["sha256_first_mib"] == hashlib.sha256(b"x" * 3000).hexdigest() and m["mtime"]
+  c.model_label = "mine"
+  assert run.model_label(c) == "mine"                      # an explicit label wins
+  assert run.model_label(vit.get_config("random_init=True")) == "vit-B/16 (random init)"
+  assert run.model_label(siglip2.get_config("release=siglip2_b16_224")) == "siglip2_b16_224"
+  hub = tmp_path / "vit_base_patch16_clip_224.openai"
+  hub.mkdir()
+  c = clip.get_config(f"ckpt={hub / 'open_clip_model.safetensors'}")
+  assert run.model_label(c) == "clip-B/16 (vit_base_patch16_clip_224.openai/open_clip_model)"
+  c = dinov2.get_config("ckpt=/x/dinov2_vitb14_reg4_pretrain.pth,head=/x/h.pth")
+  assert run.model_label(c) == "dinov2-B/14 (dinov2_vitb14_reg4_pretrain)"
+  assert run.checkpoint_meta(c) == [{"path": "/x/dinov2_vitb14_reg4_pretrain.pth", "exists": False},
+                                    {"path": "/x/h.pth", "exists": False}]

@@ -226,3 +226,36 @@ def test_safetensors_reader_bf16(tmp_path):
   assert readers.is_safetensors(str(d)) and not readers.is_safetensors(str(tmp_path / "x.npz"))
   sharded = readers.load_safetensors(str(d))
   assert sorted(sharded) == ["a", "b"] and sharded["a"].dtype == ml_dtypes.bfloat16
+
+
+def test_posemb_resample_is_logged_and_errors_say_what_differs(tmp_path, caplog):
+  from fi_jax.models import posemb
+  _, params = _init(num_classes=5, pool_type="gap")
+  path = str(tmp_path / "p.npz")
+  readers.save_npz(path, params)
+  _, init48 = _init(res=48, num_classes=5, pool_type="gap")
+  with caplog.at_level("WARNING", logger="fi_jax.models.posemb"):
+    vit.load(init48, path)
+  assert [r.getMessage() for r in caplog.records if "posemb" in r.getMessage()] == [
+      "Resampled the posemb grid from 4x4 to 6x6 (the model's input size / patch size differ "
+      "from the checkpoint's)."]
+  with pytest.raises(ckpt.CheckpointError, match=r"width \(channels\) differs \(checkpoint "
+                     r"\(1, 16, 32\), model \(1, 16, 48\)\).*width 32.*width 48.*width="):
+    posemb.resample_posemb(np.zeros((1, 16, 32)), (1, 16, 48))
+  with pytest.raises(ckpt.CheckpointError, match=r"grid \(tokens\) differs \(checkpoint "
+                     r"\(1, 16, 32\), model \(1, 24, 32\)\) and the model's 24 tokens are not a "
+                     r"square h x w grid.*res="):
+    posemb.resample_posemb(np.zeros((1, 16, 32)), (1, 24, 32))
+
+
+def test_adopted_posemb_grid_is_logged(caplog):
+  """CLIP / DINOv2 keep the checkpoint's posemb grid (resized per call): logged at INFO."""
+  from fi_jax.models.convert import torch_layers
+  init = {"pos_embedding": jax.ShapeDtypeStruct((1, 1 + 16, 8), jnp.float32)}
+  with caplog.at_level("INFO", logger="fi_jax.models.convert.torch_layers"):
+    out = torch_layers._adopt_posemb(  # pylint: disable=protected-access
+        init, "pos_embedding", np.zeros((1, 1 + 36, 8)), "f.pth", "")
+  assert out["pos_embedding"].shape == (1, 37, 8)
+  assert [r.getMessage() for r in caplog.records] == [
+      "f.pth: the posemb keeps the checkpoint's 6x6 grid (the model was initialised with 4x4); "
+      "it is resized to each input's patch grid per call."]

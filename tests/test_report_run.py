@@ -68,7 +68,7 @@ def test_real_config_without_checkpoint_needs_random_init():
   assert len(problems) == 1 and "random_init=True" in problems[0]
   c = vit.get_config("random_init=True")
   assert preflight.check_model(c) == [] and c.random_init
-  assert "random init" in c.model_label
+  assert run.model_label(c) == "vit-B/16 (random init)"
   assert preflight.check_model(demo.get_config("quick")) == []   # trains: no checkpoint needed
 
 

@@ -8,6 +8,7 @@ with or without antialias, exactly, as CLIP and DINOv2 resize their posembs per 
 """
 from __future__ import annotations
 
+import logging
 from typing import Optional, Sequence
 
 import flax.linen as nn
@@ -17,6 +18,8 @@ import numpy as np
 
 from fi_jax.models.checkpoints import CheckpointError
 
+_LOG = logging.getLogger(__name__)
+
 
 def resample_posemb(old: np.ndarray, new_shape: Sequence[int]) -> np.ndarray:
   """(1, h*w, D) posemb -> (1, H*W, D), linear zoom on the square grid (big_vision's rule)."""
@@ -24,13 +27,24 @@ def resample_posemb(old: np.ndarray, new_shape: Sequence[int]) -> np.ndarray:
   old = np.asarray(old, np.float32)
   if tuple(old.shape) == tuple(new_shape):
     return old
+  shapes = f"checkpoint {tuple(old.shape)}, model {tuple(new_shape)}"
+  if old.shape[2] != new_shape[2]:
+    raise CheckpointError(
+        f"Cannot resample the posemb: its width (channels) differs ({shapes}): the checkpoint "
+        f"is a model of width {old.shape[2]}, the config builds width {new_shape[2]}; set the "
+        "model's width (e.g. the config argument width=, or variant=) to the checkpoint's.")
   gs_old, gs_new = int(round(np.sqrt(old.shape[1]))), int(round(np.sqrt(new_shape[1])))
-  if gs_old ** 2 != old.shape[1] or gs_new ** 2 != new_shape[1] or old.shape[2] != new_shape[2]:
-    raise CheckpointError(f"Cannot resample posemb {old.shape} to {tuple(new_shape)}: "
-                          "only square grids of the same width are supported.")
+  for name, n, gs in (("checkpoint", old.shape[1], gs_old), ("model", new_shape[1], gs_new)):
+    if gs ** 2 != n:
+      raise CheckpointError(
+          f"Cannot resample the posemb: its grid (tokens) differs ({shapes}) and the {name}'s "
+          f"{n} tokens are not a square h x w grid; only square grids are resampled. Use a "
+          "square input size (res=) and a patch size that divides it.")
   grid = old[0].reshape(gs_old, gs_old, -1)
   zoom = (gs_new / gs_old, gs_new / gs_old, 1)
   grid = scipy.ndimage.zoom(grid, zoom, order=1)
+  _LOG.warning("Resampled the posemb grid from %dx%d to %dx%d (the model's input size / "
+               "patch size differ from the checkpoint's).", gs_old, gs_old, gs_new, gs_new)
   return grid.reshape(1, gs_new * gs_new, -1)
 
 

@@ -7,6 +7,7 @@ weights are (out, in), Flax Dense kernels (in, out); attention kernels are split
 """
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Mapping, Optional, Sequence
 
@@ -16,6 +17,7 @@ import numpy as np
 from fi_jax.models.checkpoints import (CheckpointError, flatten, match_scan, merge_params,
                                        recover_tree)
 
+_LOG = logging.getLogger(__name__)
 MHA = "MultiHeadDotProductAttention_0"
 
 
@@ -258,6 +260,12 @@ def _adopt_posemb(init_params, path: str, loaded: np.ndarray, source: str, hint:
     raise CheckpointError(
         f"{source}: {path!r} has shape {loaded.shape} in the checkpoint but the model expects "
         f"(1, 1 + a square grid, {init.shape[2]}); check the model config. {hint}.")
+  if loaded.shape != init.shape:
+    g_old, g_new = int(round(np.sqrt(n))), int(round(np.sqrt(init.shape[1] - 1)))
+    # INFO, not WARNING: the usual case for DINOv2 (37x37 grid, 224 input), nothing resampled.
+    _LOG.info("%s: the posemb keeps the checkpoint's %dx%d grid (the model was initialised "
+              "with %dx%d); it is resized to each input's patch grid per call.",
+              source, g_old, g_old, g_new, g_new)
   flat[path] = jax.ShapeDtypeStruct(loaded.shape, init.dtype)
   return recover_tree(flat)
 
