@@ -4,7 +4,8 @@ A set spec `dict(source="features", path=PATH, prefix="")` reads the set's array
 
   * a folder of .npy files: features.npy [N, D], logits.npy [N, C], label.npy [N] (ID class,
     -1 = unknown / OOD), group.npy [N] (OOD class id for per-class metrics, -1 = none);
-    this is also the layout of fi_jax's own feature cache (`<workdir>/cache/...`);
+  * an entry of fi_jax's own feature cache (`<workdir>/cache/<model key>/<set>-<key>`: a folder
+    with a checksummed `meta.json` manifest), read through `fi_jax.cache` (checksums verified);
   * one .npz or .safetensors file with those keys, each optionally behind `prefix` (one file
     holding every set: prefix="id_fit/" reads "id_fit/features", ...).
 
@@ -20,7 +21,7 @@ from typing import Mapping, Optional
 
 import jax.numpy as jnp
 import numpy as np
-from fi_jax import outputs
+from fi_jax import cache, outputs
 from fi_jax.models.convert import readers
 
 _KEYS = ("features", "logits", "label", "group")
@@ -32,6 +33,12 @@ def is_features_spec(spec: Mapping) -> bool:
 
 def _read(path: str, keys, prefix: str = "") -> dict[str, np.ndarray]:
   """{key: array} of the keys present under `prefix` at `path`."""
+  if os.path.isdir(path) and os.path.exists(os.path.join(path, "meta.json")):
+    arrays = cache.load(path)
+    if arrays is None:
+      raise ValueError(f"{path} is a damaged fi_jax cache entry (see the warning above); "
+                       "rerun the pipeline that wrote it.")
+    return {k: arrays[prefix + k] for k in keys if prefix + k in arrays}
   if os.path.isdir(path):
     return {k: np.load(os.path.join(path, prefix + k + ".npy"), allow_pickle=False)
             for k in keys if os.path.exists(os.path.join(path, prefix + k + ".npy"))}
