@@ -393,8 +393,8 @@ _KILL_AT_SHARD = textwrap.dedent("""
     return save(path, *a, **k)
   cache.save = kill_at
   sys.argv = ["main.py", *sys.argv[1:]]
-  import main
-  main.main()
+  from fi_jax import cli
+  cli.main()
 """)
 
 

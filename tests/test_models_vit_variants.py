@@ -1,7 +1,6 @@
 """torchvision ViTs and timm's ViT options (fc_norm / global pool, registers, no_embed_class,
 norm_pre, no class token, LayerScale, MAP) against the reference libraries."""
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from fi_jax import preprocess
 from fi_jax.models import checkpoints as ckpt
 from fi_jax.models import vit
 from fi_jax.models.convert import torch_layers as tl
@@ -272,8 +272,6 @@ def test_pretrained_table_matches_the_libraries():
   timm's pretrained_cfg."""
   import timm  # pylint: disable=g-import-not-at-top
   import torchvision  # pylint: disable=g-import-not-at-top
-  norms = {(0.485, 0.456, 0.406): "vgg_value_range", (0.5, 0.5, 0.5): "value_range(-1, 1)",
-           (0.48145466, 0.4578275, 0.40821073): "clip_value_range"}
   for name, info in vit.PRETRAINED.items():
     assert info["variant"] in vit.ARCHS, name
     source, tag = name.split("/", 1)
@@ -282,17 +280,15 @@ def test_pretrained_table_matches_the_libraries():
     if source == "torchvision":
       w = torchvision.models.get_weight(f"{arch.upper().replace('VIT', 'ViT')}_Weights.{weights}")
       t = w.transforms()
-      pp = (f"decode|resize_small({t.resize_size[0]}, method='{t.interpolation.value}', "
-            f"antialias=True)|central_crop({t.crop_size[0]})|vgg_value_range")
+      pp = preprocess.torchvision_pp(t.resize_size[0], t.crop_size[0], t.interpolation.value,
+                                     tuple(t.mean), tuple(t.std))
       assert (info["url"], info["input_size"], info["pp"]) == (w.url, w.meta["min_size"][0], pp)
       assert info["num_classes"] == len(w.meta["categories"])
     else:
       cfg = timm.models.get_pretrained_cfg(tag).to_dict()
       size = cfg["input_size"][-1]
-      op = "resize" if cfg["crop_mode"] == "squash" else "resize_small"
-      pp = (f"decode|{op}({math.floor(size / cfg['crop_pct'])}, "
-            f"method='{cfg['interpolation']}', antialias=True)|central_crop({size})|"
-            f"{norms[tuple(cfg['mean'])]}")
+      pp = preprocess.timm_pp(size, cfg["crop_pct"], cfg["interpolation"], tuple(cfg["mean"]),
+                              tuple(cfg["std"]), crop_mode=cfg["crop_mode"])
       assert (info["input_size"], info["num_classes"], info["pp"]) == (
           size, cfg["num_classes"], pp), name
       hub = f"https://huggingface.co/{cfg['hf_hub_id']}"
