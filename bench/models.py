@@ -70,6 +70,14 @@ def vit_b16(args) -> list[dict]:
     params = jax.device_put(vit.load(shapes, path))
 
   x = np.random.default_rng(0).uniform(-1, 1, (args.batch, 224, 224, 3)).astype(np.float32)
+  return [_forward_row("ViT-B/16@224 fwd (timm)", model, params, ref, x, args)]
+
+
+def _forward_row(name: str, model, params, ref, x: np.ndarray, args) -> dict:
+  """Times the jitted fi_jax forward against the torch reference on the same NHWC batch x
+  (alternating, best of args.repeats) and records the largest logit difference."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top  (after the shim in main())
   xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
   xj = jax.device_put(x)
   fwd = jax.jit(lambda p, im: model.apply({"params": p}, im)[0])
@@ -83,8 +91,8 @@ def vit_b16(args) -> list[dict]:
 
   diff = float(np.max(np.abs(run_jax() - run_torch())))
   best = alternate({"fi_jax": run_jax, "ref": run_torch}, args.repeats)
-  return [dict(name="ViT-B/16@224 fwd (timm)", fi_jax_s=best["fi_jax"], ref_s=best["ref"],
-               batch=args.batch, max_abs_diff=diff)]
+  return dict(name=name, fi_jax_s=best["fi_jax"], ref_s=best["ref"], batch=args.batch,
+              max_abs_diff=diff)
 
 
 def clip_b16(args) -> list[dict]:
@@ -140,21 +148,7 @@ def _zoo_bench(args, name: str, label: str, make_ref, overrides=None) -> list[di
   params = jax.device_put(params)
   size = info["input_size"]
   x = np.random.default_rng(0).normal(0, 1, (args.batch, size, size, 3)).astype(np.float32)
-  xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
-  xj = jax.device_put(x)
-  fwd = jax.jit(lambda p, im: model.apply({"params": p}, im)[0])
-
-  def run_jax():
-    return np.asarray(jax.block_until_ready(fwd(params, xj)))
-
-  def run_torch():
-    with torch.inference_mode():
-      return ref(xt).numpy()
-
-  diff = float(np.max(np.abs(run_jax() - run_torch())))
-  times = alternate({"fi_jax": run_jax, "ref": run_torch}, args.repeats)
-  return [dict(name=f"{label}@{size} fwd (tv)", fi_jax_s=times["fi_jax"], ref_s=times["ref"],
-               batch=args.batch, max_abs_diff=diff)]
+  return [_forward_row(f"{label}@{size} fwd (tv)", model, params, ref, x, args)]
 
 
 def resnet50(args) -> list[dict]:
