@@ -2,13 +2,15 @@
 the logit-space distances of correctly classified fit rows to their class mean, and the
 recalibrated 'unknown' probability (docs/detectors.md#openmax).
 
-The Weibull fit follows libMR's `MR.fit_high(tail, len(tail))` parameterisation: the tail is
-shifted to start at 1 (translate_amount = 1 minus its smallest value), and (scale, shape) is
-the maximum-likelihood Weibull fit of the shifted tail, i.e. the Gumbel MLE of its logarithm
-in libMR's normalised coordinates x0 = (log y - max) / range in [-1, 0]. fi_jax solves the
-likelihood equation to machine precision by bisection; libMR stops its root finder at an
-absolute tolerance of 1e-6 on the normalised Gumbel scale, so its parameters can differ from
-the exact MLE by a few 1e-6 relative.
+The Weibull fit is libMR's `MR.fit_high(tail, len(tail))` (libMR 0.1.9, the library OpenOOD
+calls): the tail is sorted in decreasing order and shifted to start at 1 (translate_amount = 1
+minus its smallest value); x = log of the shifted tail is normalised to x0 = (x - max) / range
+in [-1, 0], and the Gumbel scale sigma of x0 is the root of libMR's likelihood equation
+sigma + mean(x0) - sum x0 e^(x0/sigma) / sum e^(x0/sigma) = 0, found as libMR finds it: the
+bracket grown from sqrt(6) std(x0) / pi by halving / doubling, then the dfzero (Brent) root
+finder with tol = 1e-6, whose stopping rule leaves sigma up to ~2e-6 from the exact root. The
+same iteration is run here (in float64, per class), so the parameters equal libMR's, not the
+exact MLE (they differ by a few 1e-6 relative; docs/detectors.md#openmax).
 """
 from __future__ import annotations
 
@@ -20,42 +22,111 @@ from fi_jax.detectors import stats
 from fi_jax.detectors.core import Detector, Outputs, cdtype, fc, matmul, require
 
 
-def weibull_fit_high(tails: np.ndarray, mask: np.ndarray, iters: int = 200):
+_LIBMR_TOL = 1e-6                       # weibull_fit's `tol` in libMR 0.1.9
+
+
+def _scale_eq(sig: float, x0: np.ndarray, xbar: float) -> float:
+  """libMR's likelihood equation in the Gumbel scale sigma (root = the MLE)."""
+  e = np.exp(x0 / sig)
+  return sig + xbar - float(np.sum(e * x0)) / float(np.sum(e))
+
+
+def _dfzero(a: float, b: float, x0: np.ndarray, xbar: float, tol: float) -> float:
+  """The root of _scale_eq in [a, b] by libMR's dfzero (Brent: bisection, secant and inverse
+  quadratic steps; stops when half the bracket is <= 2 tol max(|b|, 1))."""
+  f = lambda s: _scale_eq(s, x0, xbar)
+  fa, fb = f(a), f(b)
+  if fa == 0:
+    return a
+  if fb == 0:
+    return b
+  c, fc, d, e = 0.0, fb, 0.0, 0.0
+  while fb != 0:
+    if (fb > 0) == (fc > 0):
+      c, fc = a, fa
+      d = e = b - a
+    if abs(fc) < abs(fb):
+      a, b, c = b, c, b
+      fa, fb, fc = fb, fc, fb
+    m = 0.5 * (c - b)
+    tolerance = 2.0 * tol * max(abs(b), 1.0)
+    if abs(m) <= tolerance or fb == 0.0:
+      break
+    if abs(e) < tolerance or abs(fa) <= abs(fb):
+      d = e = m
+    else:
+      s = fb / fa
+      if a == c:
+        p, q = 2.0 * m * s, 1.0 - s
+      else:
+        q, r = fa / fc, fb / fc
+        p = s * (2.0 * m * q * (q - r) - (b - a) * (r - 1.0))
+        q = (q - 1.0) * (r - 1.0) * (s - 1.0)
+      if p > 0:
+        q = -q
+      else:
+        p = -p
+      if 2.0 * p < 3.0 * m * q - abs(tolerance * q) and p < abs(0.5 * e * q):
+        e, d = d, p / q
+      else:
+        d = e = m
+    a, fa = b, fb
+    if abs(d) > tolerance:
+      b = b + d
+    elif b > c:
+      b = b - tolerance
+    else:
+      b = b + tolerance
+    fb = f(b)
+  return b
+
+
+def _libmr_sigma(x0: np.ndarray) -> float:
+  """libMR's Gumbel scale of the normalised log-tail x0 (max 0, min -1)."""
+  n = len(x0)
+  xbar = float(np.sum(x0)) / n
+  sig = np.sqrt(6.0) * float(np.sqrt(np.sum((x0 - xbar) ** 2) / (n - 1))) / np.pi
+  with np.errstate(under="ignore"):
+    if _scale_eq(sig, x0, xbar) > 0:
+      upper, lower = sig, 0.5 * sig
+      while _scale_eq(lower, x0, xbar) > 0:
+        upper, lower = lower, 0.5 * lower
+        if lower < np.finfo(np.float64).tiny:
+          return float("nan")
+    else:
+      lower, upper = sig, 2.0 * sig
+      while _scale_eq(upper, x0, xbar) < 0:
+        lower, upper = upper, 2.0 * upper
+        if not np.isfinite(upper):
+          return float("nan")
+    return _dfzero(lower, upper, x0, xbar, _LIBMR_TOL)
+
+
+def weibull_fit_high(tails: np.ndarray, mask: np.ndarray):
   """libMR fit_high on every row of `tails` [C, T] (entries where `mask` is False are
   ignored): (scale [C], shape [C], small [C], valid [C]). A row with < 2 entries or no spread
   is not valid (libMR cannot fit it); its parameters are placeholders (1, 1)."""
   tails = np.asarray(tails, np.float64)
   mask = np.asarray(mask, bool)
-  cnt = mask.sum(1)
-  small = np.where(mask, tails, np.inf).min(1)
-  small = np.where(cnt > 0, small, 0.0)
-  y = np.where(mask, tails - small[:, None] + 1.0, 1.0)            # translate_amount = 1
-  x = np.log(y)
-  maxx = np.where(mask, x, -np.inf).max(1)
-  maxx = np.where(cnt > 0, maxx, 0.0)
-  rng = maxx                                                         # min log y = log 1 = 0
-  valid = (cnt >= 2) & (rng > 0)
-  rng = np.where(valid, rng, 1.0)
-  x0 = np.where(mask, (x - maxx[:, None]) / rng[:, None], 0.0)        # in [-1, 0], max 0
-  n = np.maximum(cnt, 1)
-  xbar = x0.sum(1) / n
-
-  def g(sig):                                  # sigma + mean(x0) - weighted mean: root = MLE
-    e = np.where(mask, np.exp(x0 / sig[:, None]), 0.0)
-    return sig + xbar - (e * x0).sum(1) / np.maximum(e.sum(1), 1e-300)
-
-  # g(sigma) < 0 as sigma -> 0 (mean(x0) < 0 = max) and g >= sigma - 1 > 0 above 1
-  lo, hi = np.zeros(len(tails)), np.ones(len(tails))
-  for _ in range(iters):
-    mid = 0.5 * (lo + hi)
+  c = len(tails)
+  scale, shape, small = np.ones(c), np.ones(c), np.zeros(c)
+  valid = np.zeros(c, bool)
+  for i in range(c):
+    t = np.sort(tails[i][mask[i]])[::-1]                  # libMR sorts in decreasing order
+    if not len(t):
+      continue
+    small[i] = t[-1]
+    x = np.log(t + 1.0 - t[-1])
+    maxx, rng = x.max(), x.max() - x.min()
+    if len(t) < 2 or not rng > 0:
+      continue
+    x0 = (x - maxx) / rng
+    sig = _libmr_sigma(x0)
+    if not np.isfinite(sig):
+      continue
     with np.errstate(under="ignore"):
-      pos = g(mid) > 0
-    hi, lo = np.where(pos, mid, hi), np.where(pos, lo, mid)
-  sig = np.where(valid, 0.5 * (lo + hi), 1.0)
-  with np.errstate(under="ignore", divide="ignore"):
-    mu = sig * np.log(np.where(mask, np.exp(x0 / sig[:, None]), 0.0).sum(1) / n)
-  scale = np.where(valid, np.exp(rng * mu + maxx), 1.0)
-  shape = np.where(valid, 1.0 / (rng * sig), 1.0)
+      mu = sig * np.log(float(np.sum(np.exp(x0 / sig))) / len(t))
+    scale[i], shape[i], valid[i] = np.exp(rng * mu + maxx), 1.0 / (rng * sig), True
   return scale, shape, small, valid
 
 
