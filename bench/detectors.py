@@ -286,8 +286,9 @@ def reference(name, hp, fit, test, head):
     r = np.linalg.norm(s @ vec[:, ::-1][:, :hp["dim"]], axis=1) / np.linalg.norm(s, axis=1)
     return r * zt.max(1) if hp["maxlogit"] else r
   if name == "relation":
-    fb, pb = _norm(fit.features).astype(np.float64), np.exp(zf - _lse(zf)[:, None])
-    fq, pq = _norm(test.features).astype(np.float64), np.exp(zt - _lse(zt)[:, None])
+    nrm = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)          # float64 throughout
+    fb, pb = nrm(hf), np.exp(zf - _lse(zf)[:, None])
+    fq, pq = nrm(ht), np.exp(zt - _lse(zt)[:, None])
     out = np.zeros(len(fq))
     for i in range(0, len(fq), 256):
       r = np.maximum(fq[i:i + 256] @ fb.T, 0) * (pq[i:i + 256] @ pb.T)

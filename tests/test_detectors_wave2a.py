@@ -367,7 +367,7 @@ def test_presets_and_validation():
 def test_shared_scope_identical_and_shares_work(monkeypatch):
   """Inside detectors.shared(): the new detectors (with MDS/RMDS/KNN/ReAct beside them) score
   exactly as alone; MDS++ and RMDS++ share one pass over the normalised features, SSD and NECO
-  one plain pass, Relation reuses KNN's bank and VRA ReAct's sampled rows."""
+  one plain pass, Relation's presets share one float64 bank and VRA ReAct's sampled rows."""
   from fi_jax.detectors import stats
   fit, test, head = make_data(True, seed=2)
   runs = [(n, p) for n in NEW + ("mds", "rmds", "knn", "react") for p in detectors.PRESETS]
@@ -389,4 +389,5 @@ def test_shared_scope_identical_and_shares_work(monkeypatch):
     np.testing.assert_array_equal(together[r], alone[r], err_msg=str(r))
   # mds/rmds (labels), mds_pp/rmds_pp (normalised, labels), ssd/neco (plain), openmax (logits)
   assert calls["moments"] == 4
-  assert states[("relation", "ninco")]["bank"] is states[("knn", "ninco")]["bank"]
+  assert states[("relation", "ninco")]["bank"] is states[("relation", "openood")]["bank"]
+  assert states[("relation", "ninco")]["bank"].dtype == np.float64     # the cut-off in float64
