@@ -8,8 +8,10 @@ preset ('ninco', 'openood') it times fi_jax fit + score (wall clock, compilation
 float64 under x64 like the pipeline) and an independent vectorised numpy / scikit-learn
 reference of the same formula (KNN / NNGuide: faiss-cpu exact IndexFlatL2 / IndexFlatIP on the
 same bank and k), and prints times, the ratio reference / fi_jax and the max relative error.
-ODIN is not in the suite (it needs a model and images). TempScale and ReAct keep their
-defaults (at most max_rows = 50,000 seeded fit rows); their references use the same rows.
+Every registered detector that reads only features, logits, labels and the head is in the suite
+(`--detectors a,b` selects some); ODIN and AdaSCALE need a model and images and are not.
+TempScale, ReAct, WeiPer+KLD (...) keep their defaults (at most max_rows = 50,000 seeded fit
+rows); their references use the same rows.
 Part 1 times the suite as the pipeline runs it (inside `detectors.shared()`: work repeated on
 the same arrays is done once, e.g. one KNN search serves k=1000 and k=50); part 2 times every
 run alone and checks it against its reference (and that it equals the suite's scores).
@@ -35,9 +37,14 @@ import scipy.optimize  # noqa: E402
 import scipy.special  # noqa: E402
 import scipy.stats  # noqa: E402
 from sklearn.covariance import EmpiricalCovariance  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
 
 from fi_jax import detectors  # noqa: E402
 from fi_jax.detectors import stats  # noqa: E402
+
+
+# what a detector may read here: Outputs and the head (no images, no layers)
+FEATURE_LOGIT = frozenset({"features", "logits", "labels", "head"})
 
 
 # ----------------------------------------------------------------------------- data
@@ -111,6 +118,68 @@ def _sample_rows(fit, hp):
   for start, chunk in stats.chunks(fit):
     smp.add(start, chunk)
   return smp.result()["rows"]
+
+
+def _weiper_msp(z, r, c):
+  zr = z.reshape(len(z), r, c)
+  return np.exp(zr.max(-1) - scipy.special.logsumexp(zr, axis=-1)).mean(-1)
+
+
+def _density(x, lo, hi, nbins):
+  """Per row: the fraction of its entries in each of nbins equal bins of [lo, hi + 1e-8)."""
+  edges = np.linspace(lo, hi + 1e-8, nbins + 1)
+  idx = np.searchsorted(edges, x, side="right") - 1
+  ok = (x >= edges[0]) & (x < edges[-1])
+  rows = np.repeat(np.arange(len(x)), x.shape[1]).reshape(x.shape)
+  flat = np.bincount((rows * nbins + np.clip(idx, 0, nbins - 1))[ok], minlength=len(x) * nbins)
+  return flat.reshape(len(x), nbins) / x.shape[1]
+
+
+def _sym_kl(p, q, size, eps):
+  """KL(p'||q') + KL(q'||p'): p' = normalised p + eps, q' = normalised moving average of q over
+  `size` bins (edges repeated) + eps."""
+  left = (size - 1) // 2
+  n = q.shape[1]
+  padded = q[:, np.clip(np.arange(-left, n - left + size - 1), 0, n - 1)]
+  cs = np.concatenate([np.zeros((len(q), 1)), np.cumsum(padded, 1)], 1)
+  q_ = (cs[:, size:size + n] - cs[:, :n]) / size + eps
+  q_ = q_ / q_.sum(1, keepdims=True)
+  p_ = (p + eps) / (p + eps).sum()
+  return (p_ * np.log(p_ / q_)).sum(1) + (q_ * np.log(q_ / p_)).sum(1)
+
+
+def _weiper_kld(fit, hp, ht, wt, bt, msp):
+  """WeiPer+KLD on the seeded fit rows fi_jax uses; perturbed logits in blocks of 512 rows."""
+  hf = np.asarray(fit.features, np.float64)[_sample_rows(fit, hp)]
+  blocks = lambda h: (h[i:i + 512] @ wt + bt for i in range(0, len(h), 512))
+  zlo = min(z.min() for z in blocks(hf))
+  zhi = max(z.max() for z in blocks(hf))
+  nb = hp["n_bins"]
+  pf_h = _density(hf, hf.min(), hf.max(), nb).mean(0)
+  pf_z = np.concatenate([_density(z, zlo, zhi, nb) for z in blocks(hf)]).mean(0)
+  kl_h = _sym_kl(pf_h, _density(ht, hf.min(), hf.max(), nb), hp["smoothing"], hp["epsilon"])
+  kl_z = np.concatenate([_sym_kl(pf_z, _density(z, zlo, zhi, nb), hp["smoothing_perturbed"],
+                                 hp["epsilon_noise"]) for z in blocks(ht)])
+  return -(kl_h + hp["lambda_1"] * kl_z - hp["lambda_2"] * msp)
+
+
+def _libmr_fit_high(tail):
+  """libMR 0.1.9 MR.fit_high's (scale, shape): x0 = normalised log(tail + 1 - min); libMR's
+  likelihood equation in the Gumbel scale, bracketed as libMR does, solved by scipy's Brent
+  with libMR's stopping tolerance (xtol 4e-6)."""
+  x = np.log(tail + 1.0 - tail.min())
+  rng = x.max() - x.min()
+  x0 = (x - x.max()) / rng
+  eq = lambda s: s + x0.mean() - (np.exp(x0 / s) * x0).sum() / np.exp(x0 / s).sum()
+  s0 = np.sqrt(6.0) * x0.std(ddof=1) / np.pi
+  lo, hi = (0.5 * s0, s0) if eq(s0) > 0 else (s0, 2.0 * s0)
+  while eq(lo) > 0:
+    lo, hi = 0.5 * lo, lo
+  while eq(hi) < 0:
+    lo, hi = hi, 2.0 * hi
+  sig = scipy.optimize.brentq(eq, lo, hi, xtol=4e-6, rtol=8.9e-16)
+  mu = sig * np.log(np.mean(np.exp(x0 / sig)))
+  return np.exp(rng * mu + x.max()), 1.0 / (rng * sig)
 
 
 def reference(name, hp, fit, test, head):
@@ -188,6 +257,16 @@ def reference(name, hp, fit, test, head):
     index.add(_norm(fit.features))
     dist, _ = index.search(_norm(test.features), hp["k"])
     return -dist[:, -1].astype(np.float64)
+  if name == "combood":
+    index = faiss.IndexFlatL2(hf.shape[1])
+    index.add(_norm(fit.features))
+    dist, _ = index.search(_norm(test.features), hp["k"])
+    nrm = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+    scaler = StandardScaler().fit(nrm(hf))
+    zfit, ztest = scaler.transform(nrm(hf)), scaler.transform(nrm(ht))
+    inv = np.linalg.inv(np.cov(zfit, rowvar=False) + hp["reg"] * np.identity(hf.shape[1]))
+    return (-np.sqrt(hf.shape[1]) * np.log(dist[:, -1].astype(np.float64))
+            - ((ztest @ inv) * ztest).sum(1))
   if name == "nnguide":
     keep = np.concatenate([stats.bernoulli_mask(hp["seed"], s, len(ch.features), hp["alpha"])
                            for s, ch in stats.chunks(fit)])
@@ -262,11 +341,11 @@ def reference(name, hp, fit, test, head):
     from fi_jax.detectors import weiper as weiper_lib   # the same seeded draw of W~
     wt, bt = (x.astype(np.float64) for x in weiper_lib.perturbed_head(
         w, b, repeats=hp["repeats"], delta=hp["delta"], seed=hp["seed"]))
-    zr = (ht @ wt + bt).reshape(len(ht), hp["repeats"], c)
-    msp = np.exp(zr.max(-1) - scipy.special.logsumexp(zr, axis=-1)).mean(-1)
+    msp = np.concatenate([_weiper_msp(ht[i:i + 512] @ wt + bt, hp["repeats"], c)
+                          for i in range(0, len(ht), 512)])
     if name == "weiper":
       return np.log(msp)
-    raise ValueError("weiper_kld: no vectorised reference here (tests/test_detectors_wave2b.py)")
+    return _weiper_kld(fit, hp, ht, wt, bt, msp)
   if name in ("mds_pp", "rmds_pp"):
     nf = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
     hn, htn = nf(hf), nf(ht)
@@ -303,7 +382,7 @@ def reference(name, hp, fit, test, head):
       tail = np.sort(d[yf[ok] == k])[-hp["tail"]:]
       if len(tail) >= 2 and tail[-1] > tail[0]:                 # else no Weibull: w = 0
         small[k], fitted[k] = tail[0], True
-        shape[k], _, scale[k] = scipy.stats.weibull_min.fit(tail + 1 - tail[0], floc=0)
+        scale[k], shape[k] = _libmr_fit_high(tail)
     dt = np.sqrt(np.maximum((zt ** 2).sum(1)[:, None] - 2 * zt @ mav.T + (mav ** 2).sum(1), 0))
     x = np.maximum(dt + 1 - small, 0)
     w = np.where(fitted, 1 - np.exp(-(x / scale) ** shape), 0.0)
@@ -357,8 +436,14 @@ def main():
         f" x{jax.device_count()}, faiss {faiss.__version__} ({faiss.omp_get_max_threads()} threads)"
         f"; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
 
-  names = [n for n in (args.detectors.split(",") if args.detectors else detectors.names())
-           if n != "odin"]
+  names = args.detectors.split(",") if args.detectors else [
+      n for n in detectors.names() if detectors.REGISTRY[n].needs <= FEATURE_LOGIT]
+  unknown = [n for n in names if n not in detectors.REGISTRY]
+  other = [n for n in names if n in detectors.REGISTRY
+           and not detectors.REGISTRY[n].needs <= FEATURE_LOGIT]
+  if unknown or other:
+    ap.error(f"--detectors: unknown {unknown}, not feature/logit detectors {other}; valid: "
+             f"{[n for n in detectors.names() if detectors.REGISTRY[n].needs <= FEATURE_LOGIT]}")
   runs = [(name, preset) for name in names for preset in ("ninco", "openood")]
 
   # 1. the suite as the pipeline runs it: every detector x preset, fit + score, one

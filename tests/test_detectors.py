@@ -637,12 +637,12 @@ def test_shared_scope_gives_identical_scores_and_does_shared_work_once(nonneg, m
     assert scope.hits > 0
   for r in runs:
     np.testing.assert_array_equal(together[r], alone[r], err_msg=str(r))
-  # KNN (both k) one search, NNGuide (identical presets) one search
+  # KNN (both k, also serving CombOOD's k=50) one search, NNGuide (identical presets) one search
   assert calls["topk"] == 2
   # label+scatter (MDS/RMDS, also serving cosine, fDBD, NCI, DICE), correct (SHE),
   # scatter about u (ViM / Residual), normalised label+scatter (MDS++/RMDS++), plain scatter
-  # (SSD/NECO), correct on the logits (OpenMax)
-  assert calls["moments"] == 6
+  # (SSD/NECO), correct on the logits (OpenMax), normalised plain scatter (CombOOD)
+  assert calls["moments"] == 7
   assert not detectors.shared_active()
 
 

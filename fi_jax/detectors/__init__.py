@@ -14,7 +14,7 @@ evaluate keep their paper default), 'openood' (OpenOOD v1.5 defaults); None = th
 Families: logit.py (msp, maxlogit, energy, tempscale, gen, klm), activation.py (react, vra,
 ash_p, ash_b, ash_s, scale, dice, bats, optfs, line), distance.py (mds, rmds, mds_pp, rmds_pp,
 ssd, residual, vim, neco, she, cosine, relative_cosine, fdbd, nci), knn.py (knn, nnguide,
-relation), openmax.py (openmax), gradient.py (odin, gradnorm,
+relation, combood), openmax.py (openmax), gradient.py (odin, gradnorm,
 adascale_a, adascale_l), zero_shot.py (mcm), weiper.py
 (weiper, weiper_kld); stats.py holds the streaming statistics every fit uses.
 
@@ -45,7 +45,7 @@ _CLASSES = (
     gradient.GradNorm, distance.Cosine, distance.RelativeCosine, zero_shot.MCM,
     weiper.WeiPer, weiper.WeiPerKLD, activation.OptFS, activation.BATS, activation.LINe,
     distance.MDSpp, distance.RMDSpp, distance.SSD, distance.NECO, knn.Relation, openmax.OpenMax,
-    activation.VRA, gradient.AdaSCALEA, gradient.AdaSCALEL,
+    activation.VRA, gradient.AdaSCALEA, gradient.AdaSCALEL, knn.CombOOD,
 )
 REGISTRY: dict[str, type[Detector]] = {c.name: c for c in _CLASSES}
 

@@ -1,4 +1,5 @@
-"""Nearest-neighbour scores: KNN, NNGuide and Relation (docs/detectors.md#nearest-neighbour-scores),
+"""Nearest-neighbour scores: KNN, NNGuide, Relation and CombOOD
+(docs/detectors.md#nearest-neighbour-scores),
 exact, blockwise, optionally sharded.
 
 Both scores need only order statistics of each query's similarities to the bank: KNN the k-th
@@ -27,9 +28,9 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fi_jax import selection
-from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import (HIGHEST, Detector, check_number, check_seed, energy, fc,
-                                   l2_normalize, require)
+from fi_jax.detectors import distance, shared, stats
+from fi_jax.detectors.core import (HIGHEST, Detector, Outputs, cdtype, check_number, check_seed,
+                                   energy, fc, l2_normalize, matmul, require)
 
 _AXIS = "bank"
 _ROW_ALIGN = selection.MAX_GROUP   # bank rows per shard are a multiple of every group size
@@ -176,6 +177,7 @@ class _BankDetector(Detector):
     return min(int(self.hparams["k"]), n)
 
   uses_top_sum = True                      # NNGuide: the mean of the top k; KNN: not needed
+  ks_with: tuple[str, ...] = ()            # detectors whose announced k one search also serves
 
   def order_stats(self, state, queries, ks: tuple[int, ...]):
     """(k-th largest similarity, sum of the k largest or None), each [N, len(ks)], of the
@@ -196,7 +198,8 @@ class _BankDetector(Detector):
                         lambda extra, v: extra[0] == "order_stats" and k in v)
     if hit is None:
       n = int(state["n"])
-      ks = tuple(sorted({k} | {min(j, n) for j in shared.ks(self.name)}))
+      announced = set(shared.ks(self.name)).union(*(shared.ks(m) for m in self.ks_with))
+      ks = tuple(sorted({k} | {min(j, n) for j in announced}))
       kth, top_sum = self.order_stats(state, _normalize32(features), ks)
       hit = {j: (kth[:, i], None if top_sum is None else top_sum[:, i] / j)
              for i, j in enumerate(ks)}
@@ -351,3 +354,76 @@ class Relation(Detector):
                          power=int(self.hparams["pow"]),
                          query_block=int(self.hparams["query_block"]),
                          bank_block=int(self.hparams["bank_block"]))
+
+
+# ----------------------------------------------------------------------------- CombOOD
+
+class CombOOD(_BankDetector):
+  """CombOOD (Rajasekaran et al., SDM 2024; the authors' code, rmagesh148/combood): the
+  nearest-neighbour and Mahalanobis signals combined as the published ImageNet entry does
+  ("square log probability"): s = -sqrt(D) log d_K^2 - M^2, with d_K^2 = 2 - 2 cos_K the squared
+  L2 distance of h_hat to its K-th nearest unit fit feature (knn's search and bank) and
+  M^2 = z^T (C + reg I)^-1 z, z = (h_hat - mu) / sigma the standardised unit features (mean and
+  population std of the unit fit features; sigma = 0 -> 1) and C = cov(z) with ddof 1 (one
+  class-agnostic Gaussian, mean 0). K = 50, reg = 1 (the authors' code; also the preset
+  'openood'). Differences from the published run: its Mahalanobis input is XOOD's per-layer
+  extremes (needs every activation layer) and passes a Yeo-Johnson power transform first; here
+  it reads the unit penultimate features (the code's `extreme=False` variant) without the power
+  transform (docs/detectors.md#combood)."""
+  name, needs = "combood", frozenset({"features"})
+  fit_needs = frozenset({"features"})
+  defaults = {"k": 50, "reg": 1.0, **_BankDetector.defaults}
+  presets = {"openood": {"k": 50, "reg": 1.0}}
+  score_only = frozenset({"k", "query_block", "bank_block"})
+  uses_top_sum = False
+  ks_with = ("knn",)
+
+  @classmethod
+  def validate(cls, hp):
+    super().validate(hp)
+    check_number("combood", hp, "reg", lo=0, lo_open=True)
+
+  def _fit(self, train, head):
+    if stats.is_reiterable(train):
+      state = KNN._fit(self, train, head)                # knn's bank (shared in a suite)
+      st = stats.moments(distance.normalized_fit_set(train), scatter=True)
+    else:                                                # a one-shot iterator: one pass
+      parts = []
+      st = stats.moments(_UnitWithBank(train, parts), scatter=True)
+      state = place_bank(parts)
+    require(st["n"] >= 2, "combood: the fit set needs at least 2 rows (covariance, ddof 1).")
+    n = st["n"]
+    mean = st["sum"] / n
+    d = mean - st["shift"]
+    cov = st["scatter"] / n - np.outer(d, d)                         # population (ddof 0)
+    sd = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    sd = np.where(sd > 0, sd, 1.0)
+    corr = cov / np.outer(sd, sd) * (n / (n - 1.0))                  # cov(z), ddof 1
+    cd = cdtype()
+    lam, vec = jnp.linalg.eigh(jnp.asarray(0.5 * (corr + corr.T), cd))
+    proj = vec / jnp.sqrt(lam + float(self.hparams["reg"]))[None, :]
+    proj = proj / jnp.asarray(sd, cd)[:, None]                       # z = (h_hat - mu) / sigma
+    return {**state, "mean": jnp.asarray(mean, cd), "proj": proj}
+
+  def _score_args(self, state, outputs):
+    kth, _ = self._features_stats(state, outputs.features)
+    return kth, outputs.features
+
+  def _score(self, state, kth, features):
+    a = matmul(l2_normalize(fc(features)) - state["mean"], state["proj"])
+    d2 = 2.0 - 2.0 * fc(kth)
+    return -math.sqrt(state["proj"].shape[0]) * jnp.log(jnp.maximum(d2, 0.0)) - jnp.sum(a * a, -1)
+
+
+class _UnitWithBank:
+  """The fit set's chunks with unit feature rows (compute dtype), collecting knn's float32 bank
+  rows from the same chunks on the way (one pass over a one-shot fit iterator)."""
+
+  def __init__(self, train, parts: list):
+    self.train, self.parts = train, parts
+
+  def __iter__(self):
+    for _, chunk in stats.chunks(self.train):
+      require(chunk.features is not None, "combood needs fit Outputs with features.")
+      self.parts.append(np.asarray(_normalize32(chunk.features)))
+      yield Outputs(_unit(chunk.features), None, None)
