@@ -113,3 +113,9 @@ def test_shared_scope_reuses_knn_search_and_bank(monkeypatch):
     np.testing.assert_array_equal(together[r], alone[r], err_msg=str(r))
   assert calls["n"] == 1
   assert states[("combood", "openood")]["bank"] is states[("knn", "openood")]["bank"]
+  # knn's search (run first) also computes an announced combood k it does not need itself
+  pair = [detectors.build("knn", k=50), detectors.build("combood", k=7)]
+  with detectors.shared(pair):
+    got = [np.asarray(d.score(d.fit(fit, head), test)) for d in pair]
+  assert calls["n"] == 2
+  np.testing.assert_array_equal(got[1], fit_score("combood", fit, test, head, k=7))

@@ -221,6 +221,7 @@ class KNN(_BankDetector):
   defaults = {"k": 1000, **_BankDetector.defaults}
   presets = {"ninco": {"k": 1000}, "openood": {"k": 50}}
   uses_top_sum = False
+  ks_with = ("combood",)
 
   def _fit(self, train, head):
     def build():
