@@ -10,13 +10,17 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 import scipy.special
 
-from fi_jax import detectors
+from configs import demo
+from fi_jax import detectors, distributed, extract, pipeline, run
 from fi_jax.detectors import rankfeat
 from fi_jax.models import checkpoints, resnet, resnetv2, vit
+
+from test_compile_once import compilations
 
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
@@ -306,3 +310,62 @@ def test_presets():
       "iterations": 20}
   assert detectors.hparams_of("rankfeat", "openood") == detectors.hparams_of("rankfeat")
   assert detectors.hparams_of("rankfeat", "ninco") == detectors.hparams_of("rankfeat")
+
+
+# ----------------------------------------------------------------------------- pipeline
+
+def _demo_vit():
+  """The demo's model (configs/demo.py: depth-2 ViT on 8x8 one-channel digits), random, with a
+  non-zero head."""
+  model = vit.Model(6, patch_size=(2, 2), width=64, depth=2, mlp_dim=128, num_heads=4,
+                    pool_type="gap", head_zeroinit=False)
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
+  predict, _ = run.default_predictor(model, params, None)
+  return predict, params
+
+
+def test_forward_step_scores_inside_the_one_jitted_step():
+  """extract.Forward with RankFeat (and ODIN) as input scorers: one compile of the step for
+  two sets, and the scores equal a direct score_inputs call."""
+  predict, params = _demo_vit()
+  dets = pipeline.build_detectors(["rankfeat", "odin", "msp"])
+  names = pipeline.input_scorer_names(dets, "id_test")
+  assert names == ["rankfeat", "odin"] and pipeline.input_scorer_names(dets, "id_fit") == []
+  fwd = extract.Forward(predict, distributed.data_mesh(),
+                        input_scorers=pipeline.input_scorers(dets, names, predict, (0.5,)))
+  rng = np.random.default_rng(0)
+
+  def batches(n_batches, bs=8):
+    for i in range(n_batches):
+      yield {"image": rng.uniform(-1, 1, (bs, 8, 8, 1)).astype(np.float32),
+             "label": np.zeros(bs, np.int32), "group": np.zeros(bs, np.int32),
+             "_id": np.arange(i * bs, (i + 1) * bs, dtype=np.int64), "_mask": np.ones(bs, bool)}
+  with compilations() as counts:
+    sets = [fwd.extract(params, list(batches(n))) for n in (2, 3)]
+  assert counts["jit(step)"] == 1, counts
+  rng = np.random.default_rng(0)
+  x = np.concatenate([b["image"] for b in batches(2)])
+  direct = dets["rankfeat"].score_inputs({}, lambda v: predict(params, v)[0], x)
+  got = sets[0]["score/rankfeat"]
+  assert got.shape == (16,) and np.all(np.isfinite(got))
+  np.testing.assert_allclose(got, np.asarray(direct), rtol=RTOL)
+  assert rel_err(got, energy(sets[0]["logits"])) > 100 * RTOL   # not the plain energy
+
+
+@pytest.mark.slow   # ~1 min on CPU; test_forward_step_scores_inside_the_one_jitted_step covers the step
+def test_demo_run_reports_rankfeat(tmp_path):
+  """The demo pipeline (random ViT, no training) with RankFeat: a metric row, the step
+  compiled once for the fit set and once for the scored sets."""
+  c = demo.get_config("quick")
+  c.train = ml_collections.ConfigDict()
+  c.random_init = True
+  c.model_label = "vit-random"
+  c.detectors = ("msp", "odin", "rankfeat")
+  c.metrics.n_bootstrap = 0
+  c.compilation_cache_dir = ""
+  with compilations() as counts:
+    results = run.run(c, str(tmp_path), log=lambda s: None)
+  rows = {r["detector"]: r for r in results["rows"]}
+  assert set(rows) == {"msp", "odin", "rankfeat"} and not results.get("errors")
+  assert 0.0 <= rows["rankfeat"]["auroc"] <= 1.0
+  assert counts["jit(step)"] == 2, counts
