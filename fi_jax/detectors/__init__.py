@@ -15,7 +15,7 @@ evaluate keep their paper default), 'openood' (OpenOOD v1.5 defaults); None = th
 Families: logit.py (msp, maxlogit, energy, tempscale, gen, klm), activation.py (react, vra,
 ash_p, ash_b, ash_s, scale, dice, bats, optfs, line), distance.py (mds, rmds, mds_pp, rmds_pp,
 ssd, residual, vim, neco, she, cosine, relative_cosine, fdbd, nci), knn.py (knn, nnguide,
-relation), openmax.py (openmax), gradient.py (odin, gradnorm,
+relation), openmax.py (openmax), gradient.py (odin, iodin, gradnorm,
 adascale_a, adascale_l), rankfeat.py (rankfeat: ResNet, BiT ResNetV2 and ViT-encoder models),
 zero_shot.py (mcm), weiper.py (weiper, weiper_kld); stats.py holds the streaming statistics
 every fit uses.
@@ -49,6 +49,7 @@ _CLASSES = (
     weiper.WeiPer, weiper.WeiPerKLD, activation.OptFS, activation.BATS, activation.LINe,
     distance.MDSpp, distance.RMDSpp, distance.SSD, distance.NECO, knn.Relation, openmax.OpenMax,
     activation.VRA, gradient.AdaSCALEA, gradient.AdaSCALEL, rankfeat.RankFeat,
+    gradient.IODIN,
 )
 REGISTRY: dict[str, type[Detector]] = {c.name: c for c in _CLASSES}
 
