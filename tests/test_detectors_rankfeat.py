@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import scipy.special
 
-from configs import demo
+from configs import common, demo
 from fi_jax import detectors, distributed, extract, pipeline, run
 from fi_jax.detectors import rankfeat
 from fi_jax.models import checkpoints, resnet, resnetv2, vit
@@ -369,3 +369,13 @@ def test_demo_run_reports_rankfeat(tmp_path):
   assert set(rows) == {"msp", "odin", "rankfeat"} and not results.get("errors")
   assert 0.0 <= rows["rankfeat"]["auroc"] <= 1.0
   assert counts["jit(step)"] == 2, counts
+
+
+def test_configs_list_rankfeat_only_for_supported_families():
+  with_odin = common.posthoc_detectors(True, "resnet")
+  assert "rankfeat" in with_odin and "odin" in with_odin and "iodin" in with_odin
+  assert "rankfeat" in common.posthoc_detectors(True, "two_towers")
+  convnext = common.posthoc_detectors(True, "convnext")
+  assert "rankfeat" not in convnext and "odin" in convnext
+  assert convnext == tuple(n for n in with_odin if n != "rankfeat")
+  assert "rankfeat" not in common.posthoc_detectors(False, "resnet")

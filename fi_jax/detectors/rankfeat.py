@@ -30,6 +30,9 @@ from fi_jax.models import resnet, resnetv2, vit
 SUPPORTED = ("resnet (fi_jax.models.resnet: torchvision / timm ResNet, ResNeXt, Wide ResNet)",
              "resnetv2 (fi_jax.models.resnetv2: BiT)",
              "vit (fi_jax.models.vit.Encoder, unrolled: vit, dinov2, clip / siglip image towers)")
+# fi_jax.models modules (config.model_name) whose models have the blocks above; configs leave
+# RankFeat out for other families (configs/common.py)
+MODEL_FAMILIES = ("resnet", "resnetv2", "vit", "dinov2", "clip", "two_towers")
 STAGES = {"4": (4,), "3": (3,), "3+4": (4, 3)}   # the block-4 logits come first, as OpenOOD
 POWER_ITERATION_SEED = 0
 
@@ -160,6 +163,7 @@ class RankFeat(Detector):
   True: 20 power iterations). Needs the model: `score_inputs(state, logits_fn, images)`
   during extraction; `fit` returns {}."""
   name, needs = "rankfeat", frozenset({"inputs"})
+  model_families = MODEL_FAMILIES
   defaults = {"temperature": 1.0, "blocks": "3+4", "vit_block": -2, "accelerate": False,
               "iterations": 20}
   presets = {"openood": {"temperature": 1.0, "blocks": "3+4", "accelerate": False}}
