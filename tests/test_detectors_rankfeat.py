@@ -8,6 +8,7 @@ separates what MSP ranks the wrong way round; errors; the pipeline round trip.
 """
 import functools
 
+import flax.linen
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -379,3 +380,40 @@ def test_configs_list_rankfeat_only_for_supported_families():
   assert "rankfeat" not in convnext and "odin" in convnext
   assert convnext == tuple(n for n in with_odin if n != "rankfeat")
   assert "rankfeat" not in common.posthoc_detectors(False, "resnet")
+
+
+@pytest.mark.parametrize("family", ["dinov2", "clip", "two_towers"])
+def test_vit_towers_of_other_families_are_intercepted(family):
+  """dinov2 and the image towers of CLIP / SigLIP (two_towers) use vit.Encoder: the image
+  tower's block depth-2 is the one modified (an identity modification changes nothing)."""
+  from fi_jax.models import clip, dinov2, two_towers  # pylint: disable=g-import-not-at-top
+  if family == "dinov2":
+    model, res, want = dinov2.Model(width=32, depth=4, num_heads=2, mlp_dim=64, posemb_grid=4,
+                                    num_classes=C, head_layers=4), 56, (
+                                        "Transformer", "encoderblock_2")
+  elif family == "clip":
+    model, res, want = clip.Model(out_dim=24, image_size=32,
+                                  image=dict(width=64, depth=3, num_heads=2, patch_size=8),
+                                  text=dict(width=32, depth=2, num_heads=2)), 32, (
+                                      "img", "Transformer", "encoderblock_1")
+  else:
+    model, res, want = two_towers.Model(
+        image=dict(patch_size=(8, 8), width=32, depth=3, mlp_dim=64, num_heads=4,
+                   pool_type="map"),
+        text=dict(width=32, depth=2, mlp_dim=64, num_heads=4, vocab_size=100),
+        out_dim=(None, 32), text_len=16), 32, ("img", "Transformer", "encoderblock_1")
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, res, res, 3)))["params"]
+  fn = lambda v: model.apply({"params": params}, v)[0]
+  x = images(2, res)
+  icpt = rankfeat._Intercept(4, -2, lambda t: t)
+  with flax.linen.intercept_methods(icpt):
+    z = fn(x)
+  assert icpt.family == "vit" and icpt.hits == ["/".join(want)], icpt.hits
+  np.testing.assert_array_equal(np.asarray(z), np.asarray(fn(x)))
+  got = fi_scores(model, params, x)
+  assert np.all(np.isfinite(got)) and got.shape == (2,)
+  if family == "dinov2":   # its 4-layer head reads the blocks' "+mlp": the modified one too
+    with flax.linen.intercept_methods(rankfeat._Intercept(4, -2, jnp.zeros_like)):
+      _, out = model.apply({"params": params}, x)
+    assert not np.any(np.asarray(out["encoder"]["block02"]["+mlp"]))
+    assert np.any(np.asarray(out["encoder"]["block01"]["+mlp"]))

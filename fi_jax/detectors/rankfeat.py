@@ -9,10 +9,12 @@ Targets are found by module class and name when the model's top module is called
   stage 3 for the block-3 variant), i.e. torchvision's `layer4` / `layer3` output;
 * BiT ResNetV2 (fi_jax.models.resnetv2, `stage{s-1}_{b}` blocks): the last block of stage 4 / 3
   (before the final GroupNorm-ReLU, as the official code's `body.block4` output);
-* ViT encoders (fi_jax.models.vit.Encoder, `encoderblock_{i}`; also the image towers of
-  dinov2, clip and siglip): the token matrix [N, D] (all tokens) returned by block
+* ViT encoders (fi_jax.models.vit.Encoder, `encoderblock_{i}`; also dinov2 and the image
+  towers of clip and siglip): the token matrix [N, D] (all tokens) returned by block
   `depth + vit_block` (-2: the official ViT-B/16 form, the last block then runs; -1: the
-  official T2T-ViT form, the final norm and the head follow).
+  official T2T-ViT form, the final norm and the head follow); the block's "+mlp" intermediate
+  (the same tokens) is replaced too, so heads that read it (DINOv2's 4-layer head) see the
+  modified tokens.
 """
 from __future__ import annotations
 
@@ -117,8 +119,9 @@ class _Intercept:
       return next_fun(*args, **kwargs)
     self.hits.append("/".join(m.path) if hasattr(m, "path") else str(m.name))
     y = next_fun(*args, **kwargs)
-    if isinstance(m, vit.Encoder1DBlock):   # returns (tokens, intermediates)
-      return self.modify(y[0]), y[1]
+    if isinstance(m, vit.Encoder1DBlock):   # (tokens, intermediates): "+mlp" is the output too
+      x = self.modify(y[0])                  # (DINOv2's 4-layer head reads it)
+      return x, {**y[1], "+mlp": x}
     return self.modify(y)
 
 
