@@ -353,7 +353,7 @@ def test_forward_step_scores_inside_the_one_jitted_step():
   assert rel_err(got, energy(sets[0]["logits"])) > 100 * RTOL   # not the plain energy
 
 
-@pytest.mark.slow   # ~1 min on CPU; test_forward_step_scores_inside_the_one_jitted_step covers the step
+@pytest.mark.slow   # ~1 min on CPU; the Forward test above covers the step
 def test_demo_run_reports_rankfeat(tmp_path):
   """The demo pipeline (random ViT, no training) with RankFeat: a metric row, the step
   compiled once for the fit set and once for the scored sets."""
