@@ -12,10 +12,15 @@ from fi_jax import detectors
 LOGIT_DETECTORS = ("msp", "maxlogit", "energy")
 
 
-def posthoc_detectors(odin: bool = False) -> tuple[str, ...]:
+def posthoc_detectors(odin: bool = False, model_name: str | None = None) -> tuple[str, ...]:
   """Every registered detector; the input-gradient ones (ODIN, AdaSCALE: a forward, a backward
-  and a second forward per image) only on request."""
-  return tuple(n for n in detectors.names() if odin or "inputs" not in detectors.REGISTRY[n].needs)
+  and a second forward per image; RankFeat) only on request, and one that works only on some
+  model families (`model_families`: RankFeat) only when `model_name` is one of them."""
+  def wanted(cls) -> bool:
+    families = getattr(cls, "model_families", None)
+    return ((odin or "inputs" not in cls.needs)
+            and (families is None or model_name is None or model_name in families))
+  return tuple(n for n in detectors.names() if wanted(detectors.REGISTRY[n]))
 
 
 def parse_arg(arg: str | None, **defaults):
@@ -133,7 +138,7 @@ def imagenet_benchmark(c: ml_collections.ConfigDict, arg) -> ml_collections.Conf
   c.batch_size = arg.batch_size
   imagenet_sets(c, data_dir=arg.data_dir, ood_sets=tuple(arg.ood.split("+")),
                 fit_per_class=arg.fit_per_class)
-  c.detectors = posthoc_detectors(arg.odin)
+  c.detectors = posthoc_detectors(arg.odin, c.get("model_name"))
   c.detector_preset = arg.preset
   c.random_init = arg.random_init
   if arg.random_init and not c.model_init and c.model_label:

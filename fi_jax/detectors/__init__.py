@@ -5,6 +5,7 @@
     scores = det.score(state, test_outputs)               # [N], higher = more ID
     odin = detectors.build("odin"); odin.score_inputs({}, logits_fn, images)
     ada = detectors.build("adascale_a"); stat = ada.score_inputs({}, predict_fn, images)["stat"]
+    rf = detectors.build("rankfeat"); rf.score_inputs({}, logits_fn, images)   # Flax model
 
 Presets select each source's ImageNet defaults: 'ninco' (NINCO repo; detectors NINCO does not
 evaluate keep their paper default), 'openood' (OpenOOD v1.5 defaults); None = the paper default
@@ -14,9 +15,10 @@ evaluate keep their paper default), 'openood' (OpenOOD v1.5 defaults); None = th
 Families: logit.py (msp, maxlogit, energy, tempscale, gen, klm), activation.py (react, vra,
 ash_p, ash_b, ash_s, scale, dice, bats, optfs, line), distance.py (mds, rmds, mds_pp, rmds_pp,
 ssd, residual, vim, neco, she, cosine, relative_cosine, fdbd, nci), knn.py (knn, nnguide,
-relation, combood), openmax.py (openmax), gradient.py (odin, gradnorm,
-adascale_a, adascale_l), zero_shot.py (mcm), weiper.py
-(weiper, weiper_kld); stats.py holds the streaming statistics every fit uses.
+relation, combood), openmax.py (openmax), gradient.py (odin, iodin, gradnorm,
+adascale_a, adascale_l), rankfeat.py (rankfeat: ResNet, BiT ResNetV2 and ViT-encoder models),
+zero_shot.py (mcm), weiper.py (weiper, weiper_kld); stats.py holds the streaming statistics
+every fit uses.
 
 A suite: `with detectors.shared(dets): ...` makes detectors that repeat work on the same
 arrays do it once (class moments, KNN's search for every k, identical preset pairs); the
@@ -30,7 +32,8 @@ from typing import Optional
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.detectors import activation, distance, gradient, knn, logit, openmax, weiper, zero_shot
+from fi_jax.detectors import (activation, distance, gradient, knn, logit, openmax, rankfeat, weiper,
+                              zero_shot)
 from fi_jax.detectors.shared import active as shared_active
 from fi_jax.detectors.shared import shared
 from fi_jax.detectors.core import Detector, Head, Outputs
@@ -45,7 +48,8 @@ _CLASSES = (
     gradient.GradNorm, distance.Cosine, distance.RelativeCosine, zero_shot.MCM,
     weiper.WeiPer, weiper.WeiPerKLD, activation.OptFS, activation.BATS, activation.LINe,
     distance.MDSpp, distance.RMDSpp, distance.SSD, distance.NECO, knn.Relation, openmax.OpenMax,
-    activation.VRA, gradient.AdaSCALEA, gradient.AdaSCALEL, knn.CombOOD,
+    activation.VRA, gradient.AdaSCALEA, gradient.AdaSCALEL, knn.CombOOD, rankfeat.RankFeat,
+    gradient.IODIN,
 )
 REGISTRY: dict[str, type[Detector]] = {c.name: c for c in _CLASSES}
 
