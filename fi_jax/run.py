@@ -33,6 +33,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from fi_jax import (cache, data, detectors, distributed, features, pipeline, preflight,
                     preprocess, report, train, validate)
+from fi_jax import layers as layer_lib
 from fi_jax.models import checkpoints, releases
 from fi_jax.models.convert import readers
 
@@ -71,6 +72,11 @@ def default_predictor(model, params, config):
   def predict(p, images):
     logits, out = model.apply({"params": p}, images)
     return logits, out["pre_logits"]
+
+  def predict_out(p, images):   # for layer detectors (fi_jax.layers): also the model's out
+    logits, out = model.apply({"params": p}, images)
+    return logits, out["pre_logits"], out
+  predict = layer_lib.with_out(predict, predict_out)
   if "head" not in params:
     raise ValueError("The model has no classifier head ('head' params); set model.num_classes, "
                      "or use a model family that provides a zero-shot head.")

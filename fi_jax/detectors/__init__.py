@@ -16,7 +16,7 @@ ash_p, ash_b, ash_s, scale, dice, bats, optfs, line), distance.py (mds, rmds, md
 ssd, residual, vim, neco, she, cosine, relative_cosine, fdbd, nci), knn.py (knn, nnguide,
 relation), openmax.py (openmax), gradient.py (odin, gradnorm,
 adascale_a, adascale_l), zero_shot.py (mcm), weiper.py
-(weiper, weiper_kld); stats.py holds the streaming statistics every fit uses.
+(weiper, weiper_kld), layer.py (mdsens, gram: intermediate blocks, fi_jax/layers.py); stats.py holds the streaming statistics every fit uses.
 
 A suite: `with detectors.shared(dets): ...` makes detectors that repeat work on the same
 arrays do it once (class moments, KNN's search for every k, identical preset pairs); the
@@ -30,7 +30,8 @@ from typing import Optional
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.detectors import activation, distance, gradient, knn, logit, openmax, weiper, zero_shot
+from fi_jax.detectors import (activation, distance, gradient, knn, layer, logit, openmax, weiper,
+                              zero_shot)
 from fi_jax.detectors.shared import active as shared_active
 from fi_jax.detectors.shared import shared
 from fi_jax.detectors.core import Detector, Head, Outputs
@@ -45,7 +46,7 @@ _CLASSES = (
     gradient.GradNorm, distance.Cosine, distance.RelativeCosine, zero_shot.MCM,
     weiper.WeiPer, weiper.WeiPerKLD, activation.OptFS, activation.BATS, activation.LINe,
     distance.MDSpp, distance.RMDSpp, distance.SSD, distance.NECO, knn.Relation, openmax.OpenMax,
-    activation.VRA, gradient.AdaSCALEA, gradient.AdaSCALEL,
+    activation.VRA, gradient.AdaSCALEA, gradient.AdaSCALEL, layer.MDSEnsemble, layer.Gram,
 )
 REGISTRY: dict[str, type[Detector]] = {c.name: c for c in _CLASSES}
 
