@@ -15,7 +15,7 @@ from sklearn.metrics import roc_auc_score
 
 from configs import demo
 from fi_jax import cache, detectors, distributed, extract, layers, pipeline, run
-from fi_jax.detectors import Outputs, stats
+from fi_jax.detectors import Outputs, core, stats
 from fi_jax.evaluators import ood
 from fi_jax.models import resnet, vit
 
@@ -213,6 +213,19 @@ def test_nonfinite_drop_keeps_the_layer_columns_row_aligned():
     det = detectors.build(name)
     np.testing.assert_allclose(np.asarray(det.score(det.fit(bad, nonfinite="drop"), test)),
                                np.asarray(det.score(det.fit(clean), test)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["mdsens", "gram"])
+def test_block_scoring_matches_one_call(name, monkeypatch):
+  """[N, ...] extras go through the padded score blocks like features and logits."""
+  rng = np.random.default_rng(9)
+  det = detectors.build(name)
+  state = det.fit(_layer_set(rng, 300, DIMS, 3, relu=False))
+  test = _layer_set(rng, 150, DIMS, 3, relu=False)
+  monkeypatch.setattr(core, "SCORE_BLOCK", None)
+  whole = np.asarray(det.score(state, test))
+  monkeypatch.setattr(core, "SCORE_BLOCK", 64)   # 3 blocks, the last one padded
+  np.testing.assert_allclose(np.asarray(det.score(state, test)), whole, rtol=1e-12)
 
 
 def test_layer_detectors_beat_msp_when_ood_differs_in_an_early_layer():

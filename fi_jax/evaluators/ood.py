@@ -36,6 +36,11 @@ Sharding: parameters that are already sharded `jax.Array`s (train.py's train sta
 mesh) are used where they are; the batch is split over every device of that mesh. Unsharded
 parameters are put replicated on `devices`. Detectors and metrics run on `devices[0]`.
 
+Layer detectors (mdsens, gram; docs/detectors.md#layer-scores) read the blocks of the
+predict_fn's `out` (big_vision's ViT `out["encoder"]["blockNN"]["+mlp"]`, or CNN stages); their
+reduced outputs are computed in the same compiled step. When `out` has no blocks, those
+detectors fail (below) and the others run.
+
 A detector that raises or gives non-finite scores (e.g. fDBD on a zero-initialised head at
 step 0) yields no metrics; it is logged (Python logging, i.e. absl's log under train.py) and
 reported as `("failed/<detector>", 1.0)`; a detector skipped for lack of features or head as
