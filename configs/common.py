@@ -12,10 +12,14 @@ from fi_jax import detectors
 LOGIT_DETECTORS = ("msp", "maxlogit", "energy")
 
 
-def posthoc_detectors(odin: bool = False) -> tuple[str, ...]:
+def posthoc_detectors(odin: bool = False, layers: bool = False) -> tuple[str, ...]:
   """Every registered detector; the input-gradient ones (ODIN, AdaSCALE: a forward, a backward
-  and a second forward per image) only on request."""
-  return tuple(n for n in detectors.names() if odin or "inputs" not in detectors.REGISTRY[n].needs)
+  and a second forward per image) only on request, and so are the layer detectors (mdsens,
+  gram: every set, the fit set included, is then extracted with per-block columns of up to
+  ~400 KB per image; docs/detectors.md#layer-scores)."""
+  needs = lambda n: detectors.REGISTRY[n].needs
+  return tuple(n for n in detectors.names() if (odin or "inputs" not in needs(n))
+               and (layers or "layers" not in needs(n)))
 
 
 def parse_arg(arg: str | None, **defaults):
