@@ -45,9 +45,9 @@ class _Layers(Detector):
       have = sorted(outputs.extras or {}) or "none"
       raise ValueError(
           f"{self.name} needs the layer activations '{layer_lib.PREFIX}/{self.reducer}/<block>' "
-          f"in {where} Outputs.extras (extras: {have}): the model's predict function gave no "
-          f"per-block outputs. Layer detectors support the families "
-          f"{', '.join(layer_lib.FAMILIES)}.")
+          f"in {where} Outputs.extras (extras: {have}): the set has no per-block outputs (the "
+          f"model's predict function gave none, or the set was read from feature files). "
+          f"Layer detectors support the families {', '.join(layer_lib.FAMILIES)}.")
     return cols
 
   def _select(self, cols: dict) -> list[str]:
