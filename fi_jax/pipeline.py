@@ -185,8 +185,9 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
       if key not in forwards:
         predict_out = layer_lib.out_variant(predict) if reducers else None
         if reducers and predict_out is None:
-          log(f"the predict function has no variant that returns the model's out: no layer "
-              f"columns for the layer detectors ({', '.join(reducers)})")
+          log("the predict function has no variant that returns the model's out: no layer "
+              "columns; the layer detectors (" + ", ".join(
+                  n for n, d in dets.items() if "layers" in d.needs) + ") will fail")
         forwards[key] = extract.Forward(
             predict, mesh, input_scorers=input_scorers(dets, names, predict, input_std),
             layers=reducers if predict_out is not None else (), predict_out=predict_out)
