@@ -12,13 +12,16 @@ from fi_jax import detectors
 LOGIT_DETECTORS = ("msp", "maxlogit", "energy")
 
 
-def posthoc_detectors(odin: bool = False, model_name: str | None = None) -> tuple[str, ...]:
+def posthoc_detectors(odin: bool = False, model_name: str | None = None,
+                      layers: bool = False) -> tuple[str, ...]:
   """Every registered detector; the input-gradient ones (ODIN, AdaSCALE: a forward, a backward
-  and a second forward per image; RankFeat) only on request, and one that works only on some
-  model families (`model_families`: RankFeat) only when `model_name` is one of them."""
+  and a second forward per image; RankFeat) only on request, one that works only on some model
+  families (`model_families`: RankFeat) only when `model_name` is one of them, and the layer
+  detectors (mdsens, gram: every set, the fit set included, is then extracted with per-block
+  columns of up to ~400 KB per image; docs/detectors.md#layer-scores) only on request."""
   def wanted(cls) -> bool:
     families = getattr(cls, "model_families", None)
-    return ((odin or "inputs" not in cls.needs)
+    return ((odin or "inputs" not in cls.needs) and (layers or "layers" not in cls.needs)
             and (families is None or model_name is None or model_name in families))
   return tuple(n for n in detectors.names() if wanted(detectors.REGISTRY[n]))
 
@@ -102,10 +105,11 @@ OOD_SETS = ("fi_imagenet_1k", "ninco", "ssb_hard", "inaturalist_ood", "openimage
 
 # The config args (`--config=configs/x.py:k=v,...`) every ImageNet benchmark config takes,
 # read by `imagenet_benchmark`: where the TFDS sets are, which OOD sets ('+'-separated), images
-# per class of the fit set (0 = all), ODIN on/off, the detector preset, the global batch size,
-# random_init (run without a checkpoint on purpose: random weights, said in the report).
+# per class of the fit set (0 = all), the input-gradient detectors (ODIN, i-ODIN, AdaSCALE,
+# RankFeat) on/off, the layer detectors (mdsens, gram) on/off, the detector preset, the global
+# batch size, random_init (run without a checkpoint on purpose: random weights, said in the report).
 IMAGENET_ARGS = dict(data_dir="", ood="+".join(OOD_SETS), fit_per_class=0, odin=False,
-                     preset="ninco", batch_size=256, random_init=False)
+                     layer_detectors=False, preset="ninco", batch_size=256, random_init=False)
 
 
 def imagenet_sets(c: ml_collections.ConfigDict, *, data_dir: str = "", ood_sets=OOD_SETS,
@@ -138,7 +142,7 @@ def imagenet_benchmark(c: ml_collections.ConfigDict, arg) -> ml_collections.Conf
   c.batch_size = arg.batch_size
   imagenet_sets(c, data_dir=arg.data_dir, ood_sets=tuple(arg.ood.split("+")),
                 fit_per_class=arg.fit_per_class)
-  c.detectors = posthoc_detectors(arg.odin, c.get("model_name"))
+  c.detectors = posthoc_detectors(arg.odin, c.get("model_name"), arg.layer_detectors)
   c.detector_preset = arg.preset
   c.random_init = arg.random_init
   if arg.random_init and not c.model_init and c.model_label:

@@ -19,6 +19,12 @@ is dispatched (and its outputs start copying to the host) before step i's output
 so host input and device compute overlap. Features and logits come out at least float32
 whatever dtype the model computes in (bfloat16 outputs are cast; float32 ones are untouched).
 
+Layer detectors (`fi_jax.layers`): `Forward(..., layers=("gram", "mean"), predict_out=f)` calls
+`f(params, images) -> (logits, features, out)` instead of `predict_fn` and adds the reduced
+block outputs of `out` as `layer/<reducer>/<block>` columns, computed inside the same step
+(a model whose `out` has no blocks gets no columns; the layer detectors then say so). Without
+`layers` the step is the plain one.
+
 `extract_chunks` / `extract` are one-call wrappers that build a fresh `Forward` (one compile
 per call); keep a `Forward` to reuse the compiled step across sets.
 """
@@ -33,12 +39,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax import distributed
+from fi_jax import layers as layer_lib
 
 # predict_fn(params, images) -> (logits [B, C], features [B, D])
 PredictFn = Callable[[object, jax.Array], tuple[jax.Array, jax.Array]]
 # input scorer: (params, images) -> scores [B] or {column: [B]}; e.g. ODIN, which needs gradients
 # w.r.t. inputs; AdaSCALE returns {"stat": [B]} (stored as stat/<name>)
 InputScorer = Callable[[object, jax.Array], object]
+# predict_out(params, images) -> (logits [B, C], features [B, D], the model's `out` dict)
+PredictOutFn = Callable[[object, jax.Array], tuple[jax.Array, jax.Array, object]]
 _PASS_THROUGH = ("label", "group", "_id", "_mask")
 
 
@@ -52,15 +61,25 @@ class Forward:
   """
 
   def __init__(self, predict_fn: PredictFn, mesh, *,
-               input_scorers: Optional[Mapping[str, InputScorer]] = None):
+               input_scorers: Optional[Mapping[str, InputScorer]] = None,
+               layers: Sequence[str] = (), predict_out: Optional[PredictOutFn] = None):
     self.predict_fn, self.mesh = predict_fn, mesh
     self.input_scorers = dict(input_scorers or {})
+    self.layers = layer_lib.check_reducers(layers)
+    if self.layers and predict_out is None:
+      raise ValueError("Forward(layers=...) needs predict_out(params, images) -> (logits, "
+                       "features, out), the predict variant that returns the model's out.")
     self._repl = distributed.replicated(mesh)
-    scorers = self.input_scorers
+    scorers, reducers = self.input_scorers, self.layers
 
     def step(params, batch):
-      logits, features = predict_fn(params, batch["image"])
-      out = {"logits": _at_least_f32(logits), "features": _at_least_f32(features),
+      cols = {}
+      if reducers:
+        logits, features, model_out = predict_out(params, batch["image"])
+        cols = layer_lib.columns(model_out, reducers, strict=False)
+      else:
+        logits, features = predict_fn(params, batch["image"])
+      out = {**cols, "logits": _at_least_f32(logits), "features": _at_least_f32(features),
              **{k: batch[k] for k in _PASS_THROUGH}}
       for name, scorer in scorers.items():
         res = scorer(params, batch["image"])

@@ -13,8 +13,9 @@ import jax
 class Outputs:
   """What a model produced for a set: penultimate features [N, D], logits [N, C], labels [N]
   (int, -1 = unknown; or None). A field a detector does not need may be None. `extras`:
-  per-image arrays [N] an input-gradient detector computed during extraction (AdaSCALE's
-  {"stat": ...}), or None."""
+  per-image arrays [N, ...] computed during extraction, or None: an input-gradient detector's
+  statistic (AdaSCALE's {"stat": [N]}), the layer detectors' block columns
+  ({"layer/<reducer>/<block>": [N, C] or [N, P, C]}, fi_jax/layers.py)."""
   features: Any
   logits: Any
   labels: Optional[Any] = None

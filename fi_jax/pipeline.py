@@ -4,7 +4,9 @@ Used by `fi_jax.run` (the benchmark: configs, model building, feature cache, rep
 by `fi_jax.evaluators.ood` (big_vision's evaluator API, on the model being trained). Stages
 talk through plain arrays; a set's arrays are {features, logits, label, group, score/<name>,
 stat/<name>} as `fi_jax.extract.extract` returns them (stat/: AdaSCALE's per-image statistic).
-Set names are "id_fit" (what detectors fit on), "id_test" and "ood/<name>".
+Set names are "id_fit" (what detectors fit on), "id_test" and "ood/<name>". With layer
+detectors (fi_jax/detectors/layer.py) every set also has `layer/<reducer>/<block>` columns
+(fi_jax/layers.py), which reach those detectors as `Outputs.extras`.
 """
 from __future__ import annotations
 
@@ -19,14 +21,16 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from fi_jax import cache, data, detectors, extract, metrics, progress
+from fi_jax import layers as layer_lib
 
 Log = Callable[[str], None]
 Arrays = dict[str, np.ndarray]
-# load(set name, spec, input scorer names) -> the set's arrays, or None to extract it
+# load(set name, spec, column names) -> the set's arrays, or None to extract it; the column
+# names are the input scorer names plus "layer/<reducer>" per layer reducer (`column_names`)
 LoadFn = Callable[[str, dict, list], Optional[Arrays]]
-# save(set name, spec, input scorer names, arrays, seconds the extraction took)
+# save(set name, spec, column names, arrays, seconds the extraction took)
 SaveFn = Callable[[str, dict, list, Arrays, float], None]
-# shard_root(set name, spec, input scorer names, batch size, shard size) -> the folder of the
+# shard_root(set name, spec, column names, batch size, shard size) -> the folder of the
 # set's shards (its name must change with anything that moves the shard boundaries)
 ShardRootFn = Callable[[str, dict, list, int, int], str]
 NONFINITE_MODES = ("error", "drop")
@@ -55,6 +59,18 @@ def input_scorer_names(dets: Mapping[str, Any], set_name: str) -> list[str]:
   fit set only those that fit on what they compute from the images (`fit_inputs`: AdaSCALE)."""
   return [name for name, det in dets.items() if "inputs" in det.needs
           and (set_name != "id_fit" or getattr(det, "fit_inputs", False))]
+
+
+def layer_reducers(dets: Mapping[str, Any]) -> tuple[str, ...]:
+  """The union of the layer reducers the layer detectors need (sorted; () without any)."""
+  return layer_lib.check_reducers([r for det in dets.values() if "layers" in det.needs
+                                   for r in getattr(det, "layer_reducers", ())])
+
+
+def column_names(scorer_names: Sequence[str], reducers: Sequence[str]) -> list[str]:
+  """What besides features / logits a set's arrays hold: the input scorer names and
+  "layer/<reducer>" per reducer (what the cache key of a set is made of)."""
+  return list(scorer_names) + [f"{layer_lib.PREFIX}/{r}" for r in reducers]
 
 
 def input_scorers(dets: Mapping[str, Any], names: Sequence[str], predict: extract.PredictFn,
@@ -158,22 +174,30 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
   """
   forwards = {} if forwards is None else forwards
   out = {}
+  reducers = layer_reducers(dets)
   for name, spec in specs.items():
     names = input_scorer_names(dets, name)
-    arrays = load(name, spec, names) if load else None
+    cols = column_names(names, reducers)
+    arrays = load(name, spec, cols) if load else None
     if arrays is None:
       predict, params = model()
-      key = (predict, tuple(names))
+      key = (predict, tuple(names), reducers)
       if key not in forwards:
+        predict_out = layer_lib.out_variant(predict) if reducers else None
+        if reducers and predict_out is None:
+          log("the predict function has no variant that returns the model's out: no layer "
+              "columns; the layer detectors (" + ", ".join(
+                  n for n, d in dets.items() if "layers" in d.needs) + ") will fail")
         forwards[key] = extract.Forward(
-            predict, mesh, input_scorers=input_scorers(dets, names, predict, input_std))
+            predict, mesh, input_scorers=input_scorers(dets, names, predict, input_std),
+            layers=reducers if predict_out is not None else (), predict_out=predict_out)
       t = time.time()
-      root = shard_root(name, spec, names, batch_size, shard_size) if shard_root else None
+      root = shard_root(name, spec, cols, batch_size, shard_size) if shard_root else None
       arrays = _extract_sharded(name, spec, forwards[key], params, pp_fn=pp_fn,
                                 batch_size=batch_size, shard_size=shard_size,
                                 shard_root=root, log=log)
       if save:
-        save(name, spec, names, arrays, time.time() - t)
+        save(name, spec, cols, arrays, time.time() - t)
       if root:
         if jax.process_count() > 1:   # every process has read the shards it resumed from
           multihost_utils.sync_global_devices(f"fi_jax shards {name}")
@@ -224,6 +248,12 @@ def outputs_of(arrays: Mapping[str, np.ndarray]) -> detectors.Outputs:
                            None if labels is None else jnp.asarray(labels))
 
 
+def layer_outputs(out: detectors.Outputs, arrays: Mapping[str, np.ndarray]) -> detectors.Outputs:
+  """`out` with the set's `layer/...` columns as `extras` (what layer detectors read)."""
+  extras = {k: jnp.asarray(v) for k, v in arrays.items() if layer_lib.is_column(k)}
+  return detectors.Outputs(out.features, out.logits, out.labels, extras)
+
+
 def check_finite_scores(name: str, per_set: Mapping[str, np.ndarray]) -> None:
   """ValueError naming the detector, every set with NaN or inf scores and their counts."""
   bad = {s: int(np.size(v) - np.isfinite(v).sum()) for s, v in per_set.items()}
@@ -254,6 +284,9 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
   fit = outputs_of(sets["id_fit"])
   # one Outputs per set, so that detectors.shared() recognises the same arrays across detectors
   test_sets = {s: outputs_of(a) for s, a in sets.items() if s != "id_fit"}
+  if any("layers" in det.needs for det in dets.values()):   # one Outputs each, for sharing
+    fit_layers = layer_outputs(fit, sets["id_fit"])
+    test_layers = {s: layer_outputs(out, sets[s]) for s, out in test_sets.items()}
   scores, errors = {}, {}
   with detectors.shared(dets.values()):
     for name, det in dets.items():
@@ -265,6 +298,9 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
                      for s, out in test_sets.items()}
         elif "inputs" in det.needs:   # scored during extraction
           per_set = {s: np.asarray(sets[s][f"score/{name}"]) for s in test_sets}
+        elif "layers" in det.needs:   # reads the sets' layer/... columns
+          state = det.fit(fit_layers, head, nonfinite=nonfinite)
+          per_set = {s: np.asarray(det.score(state, out)) for s, out in test_layers.items()}
         else:
           state = det.fit(fit, head, nonfinite=nonfinite)
           per_set = {s: np.asarray(det.score(state, out)) for s, out in test_sets.items()}

@@ -33,6 +33,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from fi_jax import (cache, data, detectors, distributed, features, pipeline, preflight,
                     preprocess, report, train, validate)
+from fi_jax import layers as layer_lib
 from fi_jax.models import checkpoints, releases
 from fi_jax.models.convert import readers
 
@@ -71,6 +72,11 @@ def default_predictor(model, params, config):
   def predict(p, images):
     logits, out = model.apply({"params": p}, images)
     return logits, out["pre_logits"]
+
+  def predict_out(p, images):   # for layer detectors (fi_jax.layers): also the model's out
+    logits, out = model.apply({"params": p}, images)
+    return logits, out["pre_logits"], out
+  predict = layer_lib.with_out(predict, predict_out)
   if "head" not in params:
     raise ValueError("The model has no classifier head ('head' params); set model.num_classes, "
                      "or use a model family that provides a zero-shot head.")
@@ -222,28 +228,30 @@ class LazyModel:
 
 def extract_sets(config, model: LazyModel, workdir: str, log: Log,
                  dets: dict) -> dict[str, dict[str, np.ndarray]]:
-  """Features/logits of every set, from the cache or by running the model (then cached)."""
+  """Features/logits of every set, from the cache or by running the model (then cached). A set's
+  cache key includes its column names (input scorers, layer reducers: pipeline.column_names),
+  so a set extracted with other columns is another entry."""
   root = os.path.join(workdir, "cache")
 
-  def path(name, spec, scorer_names):
+  def path(name, spec, columns):
     return (cache.set_dir(root, model_key(config), name) + "-"
-            + cache.key_of(spec, sorted(scorer_names)))
+            + cache.key_of(spec, sorted(columns)))
 
-  def load(name, spec, scorer_names):
-    p = path(name, spec, scorer_names)
+  def load(name, spec, columns):
+    p = path(name, spec, columns)
     cached = cache.load(p, log=log) if config.get("cache", True) else None
     if cached is not None:
       log(f"{name}: {len(cached['logits'])} examples from cache {p}")
     return cached
 
-  def save(name, spec, scorer_names, arrays, seconds):
+  def save(name, spec, columns, arrays, seconds):
     if jax.process_index() == 0:
-      cache.save(path(name, spec, scorer_names), arrays,
+      cache.save(path(name, spec, columns), arrays,
                  {"set": name, "spec": spec, "seconds": seconds})
 
-  def shard_root(name, spec, scorer_names, batch_size, shard_size):
+  def shard_root(name, spec, columns, batch_size, shard_size):
     # shard boundaries are runs of global batches: they move with these
-    return (path(name, spec, scorer_names) + ".shards-"
+    return (path(name, spec, columns) + ".shards-"
             + cache.key_of(batch_size, shard_size, jax.process_count()))
 
   return pipeline.extract_sets(

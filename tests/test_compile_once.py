@@ -1,6 +1,7 @@
-"""Compile once: the demo compiles its forward step once (plus once for the input-scorer step)
-and each detector's score once, whatever the number and sizes of the sets; bf16 compute gives
-float32 outputs and AUROCs close to float32 compute."""
+"""Compile once: the demo compiles its forward step once (plus once for the input-scorer step;
+layer detectors' reducers are part of both steps) and each detector's score once, whatever
+the number and sizes of the sets; bf16 compute gives float32 outputs and AUROCs close to
+float32 compute."""
 from __future__ import annotations
 
 import collections
@@ -13,7 +14,7 @@ import pytest
 from configs import demo
 from fi_jax import pipeline, run
 
-DETECTORS = ("msp", "energy", "odin", "mds", "knn", "react")
+DETECTORS = ("msp", "energy", "odin", "mds", "knn", "react", "mdsens", "gram")
 
 
 @contextlib.contextmanager

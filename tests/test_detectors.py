@@ -470,7 +470,7 @@ def _batches(out, sizes):
 
 
 @pytest.mark.parametrize("name", [n for n in detectors.names()
-                                  if "inputs" not in detectors.REGISTRY[n].needs])
+                                  if not {"inputs", "layers"} & detectors.REGISTRY[n].needs])
 def test_streaming_fit_and_state_roundtrip(nonneg, name, tmp_path, monkeypatch):
   """Batches (list or one-shot generator, uneven sizes, several chunks) give bit-identical
   states to the whole set; a saved and loaded state scores identically."""
@@ -558,8 +558,8 @@ def test_registry_and_errors():
 def test_state_is_arrays_only(nonneg):
   fit, _, head = nonneg
   for name in detectors.names():
-    if "inputs" in detectors.REGISTRY[name].needs:   # test_detectors_adascale.py, odin: no fit
-      continue
+    if {"inputs", "layers"} & detectors.REGISTRY[name].needs:   # own test files (adascale,
+      continue                                                  # layer); odin: no fit
     state = detectors.build(name, **_ALL_FIT.get(name, {})).fit(fit, head)
     assert isinstance(state, dict)
     for v in jax.tree.leaves(state):
@@ -614,7 +614,8 @@ def test_shared_scope_gives_identical_scores_and_does_shared_work_once(nonneg, m
   """Inside detectors.shared(): every detector x preset scores exactly as it does alone, the
   class moments are computed in fewer passes, and KNN at k=1000 and k=50 runs one search."""
   fit, test, head = nonneg
-  runs = [(n, p) for n in detectors.names() if "inputs" not in detectors.REGISTRY[n].needs
+  runs = [(n, p) for n in detectors.names()   # layer detectors: tests/test_detectors_layer.py
+          if not {"inputs", "layers"} & detectors.REGISTRY[n].needs
           for p in detectors.PRESETS]
   small = lambda r: ({"dim": 16} if r[0] in ("vim", "residual") and r[1] == "openood"
                      else {"dim": 10} if r[0] == "neco" else {})

@@ -17,8 +17,8 @@ ash_p, ash_b, ash_s, scale, dice, bats, optfs, line), distance.py (mds, rmds, md
 ssd, residual, vim, neco, she, cosine, relative_cosine, fdbd, nci), knn.py (knn, nnguide,
 relation, combood), openmax.py (openmax), gradient.py (odin, iodin, gradnorm,
 adascale_a, adascale_l), rankfeat.py (rankfeat: ResNet, BiT ResNetV2 and ViT-encoder models),
-zero_shot.py (mcm), weiper.py (weiper, weiper_kld); stats.py holds the streaming statistics
-every fit uses.
+zero_shot.py (mcm), weiper.py (weiper, weiper_kld), layer.py (mdsens, gram:
+intermediate blocks, fi_jax/layers.py); stats.py holds the streaming statistics every fit uses.
 
 A suite: `with detectors.shared(dets): ...` makes detectors that repeat work on the same
 arrays do it once (class moments, KNN's search for every k, identical preset pairs); the
@@ -32,8 +32,8 @@ from typing import Optional
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.detectors import (activation, distance, gradient, knn, logit, openmax, rankfeat, weiper,
-                              zero_shot)
+from fi_jax.detectors import (activation, distance, gradient, knn, layer, logit, openmax, rankfeat,
+                              weiper, zero_shot)
 from fi_jax.detectors.shared import active as shared_active
 from fi_jax.detectors.shared import shared
 from fi_jax.detectors.core import Detector, Head, Outputs
@@ -49,7 +49,7 @@ _CLASSES = (
     weiper.WeiPer, weiper.WeiPerKLD, activation.OptFS, activation.BATS, activation.LINe,
     distance.MDSpp, distance.RMDSpp, distance.SSD, distance.NECO, knn.Relation, openmax.OpenMax,
     activation.VRA, gradient.AdaSCALEA, gradient.AdaSCALEL, knn.CombOOD, rankfeat.RankFeat,
-    gradient.IODIN,
+    gradient.IODIN, layer.MDSEnsemble, layer.Gram,
 )
 REGISTRY: dict[str, type[Detector]] = {c.name: c for c in _CLASSES}
 

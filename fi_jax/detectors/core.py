@@ -28,7 +28,7 @@ HIGHEST = jax.lax.Precision.HIGHEST
 # Rows per call of a detector's jitted score: every set is scored in blocks of this many rows
 # (the last one padded), so one compilation serves every set size. None scores a set in one call.
 SCORE_BLOCK: Optional[int] = 4096
-NEEDS = frozenset({"features", "logits", "labels", "head", "inputs"})
+NEEDS = frozenset({"features", "logits", "labels", "head", "inputs", "layers"})
 
 
 # ----------------------------------------------------------------------------- numerics
@@ -351,7 +351,9 @@ class FitSet:
                        f"is left to fit on.")
     logging.warning("%s: leaving out %d of %d fit rows (%s) with NaN or inf in %s (first: "
                     "row %d).", name, bad, n, rows, what, first)
-    return Outputs(*(_take_rows(getattr(b, f), keep) for f in ("features", "logits", "labels")))
+    extras = None if b.extras is None else {k: _take_rows(v, keep) for k, v in b.extras.items()}
+    return Outputs(*(_take_rows(getattr(b, f), keep) for f in ("features", "logits", "labels")),
+                   extras)
 
 
 class _Reiterable:

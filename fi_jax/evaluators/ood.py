@@ -36,6 +36,11 @@ Sharding: parameters that are already sharded `jax.Array`s (train.py's train sta
 mesh) are used where they are; the batch is split over every device of that mesh. Unsharded
 parameters are put replicated on `devices`. Detectors and metrics run on `devices[0]`.
 
+Layer detectors (mdsens, gram; docs/detectors.md#layer-scores) read the blocks of the
+predict_fn's `out` (big_vision's ViT `out["encoder"]["blockNN"]["+mlp"]`, or CNN stages); their
+reduced outputs are computed in the same compiled step. When `out` has no blocks, those
+detectors fail (below) and the others run.
+
 A detector that raises or gives non-finite scores (e.g. fDBD on a zero-initialised head at
 step 0) yields no metrics; it is logged (Python logging, i.e. absl's log under train.py) and
 reported as `("failed/<detector>", 1.0)`; a detector skipped for lack of features or head as
@@ -176,22 +181,27 @@ class Evaluator:
 
   def _predict(self, p, images):
     """(logits, features) of one batch for `extract.Forward`; `p` = {"params", "zs"}."""
+    return self._predict_out(p, images)[:2]
+
+  def _predict_out(self, p, images):
+    """(logits, features, the model's out dict or None): `_predict` plus what the layer
+    detectors read (fi_jax.layers finds the blocks in `out`, or the detectors fail)."""
     out = self.predict_fn({"params": p["params"]}, {"image": images})
     if self.zero_shot is not None:        # two tower: (zimg, ztxt, out)
       zimg = out[0]
       w, b = p["zs"]
       logits = jnp.dot(zimg, w, precision=jax.lax.Precision.HIGHEST) + b
       self._has_features = True
-      return logits, zimg
+      return logits, zimg, (out[-1] if len(out) > 2 else None)
     if isinstance(out, (tuple, list)):    # (logits, out) or (logits, *_, out)
       logits, extra = out[0], (out[-1] if len(out) > 1 else None)
     else:                                 # bare logits
       logits, extra = out, None
     if isinstance(extra, dict) and self.features_key in extra:
       self._has_features = True
-      return logits, extra[self.features_key]
+      return logits, extra[self.features_key], extra
     self._has_features = False
-    return logits, jnp.zeros((logits.shape[0], 0), logits.dtype)
+    return logits, jnp.zeros((logits.shape[0], 0), logits.dtype), extra
 
   def _zero_shot_head(self, params, mesh: Mesh) -> tuple[np.ndarray, np.ndarray]:
     """(w [D, C], b [C]) from the current text tower (one compiled text step)."""
@@ -241,9 +251,11 @@ class Evaluator:
     key = (mesh, scored)
     if key not in self._forwards:
       names = pipeline.input_scorer_names(self.detectors, "id_test" if scored else "id_fit")
+      reducers = pipeline.layer_reducers(self.detectors)
       self._forwards[key] = extract.Forward(
           self._predict, mesh, input_scorers=pipeline.input_scorers(
-              self.detectors, names, self._predict, self.input_std))
+              self.detectors, names, self._predict, self.input_std),
+          layers=reducers, predict_out=self._predict_out if reducers else None)
     return self._forwards[key]
 
   def _extract(self, name: str, fwd: extract.Forward, p, mesh: Mesh) -> dict[str, np.ndarray]:

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fi_jax import layers as layer_lib
 from fi_jax import progress
 from fi_jax.models import clip_tokenizer, imagenet_names, tokenizers, vit
 from fi_jax.outputs import Head
@@ -184,4 +185,8 @@ def predictor(model, params: Mapping[str, Any], config, family: str) -> tuple[Ca
   def predict(p, images):
     zimg, _, _ = model.apply({"params": p}, images)
     return jnp.dot(zimg, w, precision=precision) + b, zimg
-  return predict, Head(w, b)
+
+  def predict_out(p, images):   # for layer detectors (fi_jax.layers): also the model's out
+    zimg, _, out = model.apply({"params": p}, images)
+    return jnp.dot(zimg, w, precision=precision) + b, zimg, out
+  return layer_lib.with_out(predict, predict_out), Head(w, b)
