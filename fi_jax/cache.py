@@ -3,6 +3,9 @@
 Extraction is the expensive stage, so each finished set (and, while a big set is extracted,
 each finished shard of it) is written at once and reused by later runs with the same key: a
 crash in a detector, a changed metric or a killed run never costs those forward passes again.
+In a run with several processes each process writes the rows it extracted as its own entry
+(`part`: `<entry>/process-<i>-of-<n>`, with the rows' `_id`s), so no process ever holds or
+writes more than its share; process 0 reads them all for the detectors.
 
 An entry is a folder holding plain `.npy` arrays (loaded with allow_pickle=False) and a
 manifest, `meta.json`, that names each array's file with its dtype, shape and SHA-256.
@@ -37,6 +40,14 @@ def key_of(*parts: Any) -> str:
 
 def set_dir(root: str, model_key: str, set_name: str) -> str:
   return os.path.join(root, model_key, set_name.replace("/", "_"))
+
+
+def part(path: str, process_index: int, process_count: int) -> str:
+  """The entry of one process's rows of the entry `path` in a run with several processes
+  (each writes its own: `path/process-00001-of-00002`); `path` itself with one process."""
+  if process_count == 1:
+    return path
+  return os.path.join(path, f"process-{process_index:05d}-of-{process_count:05d}")
 
 
 def _warn(msg: str) -> None:
