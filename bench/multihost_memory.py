@@ -32,6 +32,13 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import ml_collections  # noqa: E402
+
+from configs import common  # noqa: E402
+from fi_jax import data, distributed, run  # noqa: E402
 
 
 def _status(key: str) -> int:
@@ -55,14 +62,9 @@ def _reset_peak() -> bool:
 
 def worker(args) -> None:
   """One process of a run: the extraction stage, then one JSON line with its memory."""
-  sys.path.insert(0, ROOT)
-  import jax  # pylint: disable=g-import-not-at-top  (the device count is set first)
-  jax.config.update("jax_num_cpu_devices", args.devices)
-  from fi_jax import data, distributed, run  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_num_cpu_devices", args.devices)   # before any JAX computation
   if args.nproc > 1:
     distributed.initialize(f"127.0.0.1:{args.port}", args.nproc, args.pid, timeout_s=120)
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from configs import common  # pylint: disable=g-import-not-at-top
   c = common.base_config()
   c.model_name = "bench.multihost_memory_model"
   c.model = ml_collections.ConfigDict(dict(width=args.width, num_classes=10))
@@ -146,7 +148,7 @@ def main() -> None:
   sets = 2 + args.ood_sets
   print(f"{sets} sets x 1797 rows x ({args.width} + 10) float32 = "
         f"{gb(sets * 1797 * (args.width + 10) * 4)} of extracted arrays in all")
-  peaks = {}
+  peaks, growth = {}, {}
   for nproc, devices in ((1, 8), (2, 4)):
     res = launch(nproc, devices, args)
     for r in res:
@@ -154,9 +156,12 @@ def main() -> None:
             f"{gb(r['peak'])} (RSS before the stage {gb(r['rss_before'])}; peak reset: "
             f"{r['peak_reset']}), holds {r['rows']} rows = {gb(r['held'])}, {r['seconds']} s")
     peaks[nproc] = max(r["peak"] for r in res)
+    growth[nproc] = max(r["peak"] - r["rss_before"] for r in res)
   ratio = peaks[2] / peaks[1]
   print(f"2-process peak / 1-process peak = {gb(peaks[2])} / {gb(peaks[1])} = {ratio:.3f} "
         f"(target <= 0.6: {'met' if ratio <= 0.6 else 'NOT met'})")
+  print(f"growth of the resident set during the stage (peak - before): 2 processes "
+        f"{gb(growth[2])} / 1 process {gb(growth[1])} = {growth[2] / growth[1]:.3f}")
 
 
 if __name__ == "__main__":

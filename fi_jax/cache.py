@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -52,6 +53,40 @@ def part(path: str, process_index: int, process_count: int) -> str:
 
 def _warn(msg: str) -> None:
   print(f"WARNING: {msg}", flush=True)
+
+
+def parts(path: str) -> list[str]:
+  """The per-process entries under `path` written by one run with several processes (those of
+  the largest process count there), in process order; [] when there are none."""
+  found = {}
+  try:
+    names = os.listdir(path)
+  except OSError:
+    return []
+  for n in names:
+    m = re.fullmatch(r"process-(\d{5})-of-(\d{5})", n)
+    if m:
+      found.setdefault(int(m.group(2)), {})[int(m.group(1))] = os.path.join(path, n)
+  if not found:
+    return []
+  count = max(found)
+  return [found[count][i] for i in sorted(found[count])]
+
+
+def load_parts(path: str, *, log: Callable[[str], None] = _warn,
+               ) -> Optional[dict[str, np.ndarray]]:
+  """The whole set saved at `path` by a run with several processes: every process's rows
+  put into set order by their `_id` (which is dropped); None when a part is missing/damaged."""
+  files = parts(path)
+  count = int(files[-1][-5:]) if files else 0
+  if not files or len(files) != count:
+    return None
+  arrays = [load(f, log=log) for f in files]
+  if any(a is None for a in arrays):
+    return None
+  out = {k: np.concatenate([a[k] for a in arrays]) for k in arrays[0]}
+  order = np.argsort(out.pop("_id"), kind="stable")
+  return {k: v[order] for k, v in out.items()}
 
 
 def checksum(a: np.ndarray) -> str:

@@ -10,7 +10,7 @@ API (what `fi_jax.pipeline` and the big_vision evaluator build on):
 
   fwd = Forward(predict_fn, mesh, input_scorers={...})   # builds the jitted step once
   for rows in fwd.chunks(params, batches): ...          # rows of each batch, padding dropped
-  arrays = fwd.extract(params, batches)                  # the whole set, in set order
+  arrays = fwd.extract(params, batches)                  # the set in order (this process's rows)
 
 A `Forward` holds one `jax.jit` step; XLA compiles it once per (parameter structure, per-device
 batch shape), so every set that goes through the same `Forward` with the same global batch
@@ -103,8 +103,10 @@ class Forward:
   def extract(self, params, batches: Iterable[dict[str, np.ndarray]], *,
               steps: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
               ) -> dict[str, np.ndarray]:
-    """The whole set: {features, logits, label, group, score/<name>...} in set order."""
-    return in_set_order(list(self.chunks(params, batches, steps=steps, log=log)))
+    """The set: {features, logits, label, group, score/<name>...} in set order; with several
+    processes only this process's rows, with their `_id`."""
+    return in_set_order(list(self.chunks(params, batches, steps=steps, log=log)),
+                        keep_id=jax.process_count() > 1)
 
 
 def _at_least_f32(x: jax.Array) -> jax.Array:

@@ -231,7 +231,7 @@ def extract_sets(config, model: LazyModel, workdir: str, log: Log,
   """Features/logits of every set, from the cache or by running the model (then cached).
 
   With several processes each process gets, loads and caches only its own rows of each set
-  (`cache.part`); `read_sets` brings them together on process 0."""
+  (`cache.part`); `pipeline.collect_sets` brings them together on process 0."""
   path = lambda name, spec, scorer_names: set_path(config, workdir, name, spec, scorer_names)
   own = lambda p: cache.part(p, jax.process_index(), jax.process_count())
 
