@@ -1,6 +1,6 @@
 """Peak resident memory of the extraction stage with 1 process and with 2 processes.
 
-    .venv/bin/python bench/multihost_memory.py                  # 4 sets x 1797 rows x 131k floats
+    .venv/bin/python bench/multihost_memory.py                  # 5 sets x 1797 rows x 131k floats
     .venv/bin/python bench/multihost_memory.py --width 32768 --ood_sets 1   # smaller
 
 Runs `fi_jax.run.extract_sets` (the benchmark's extraction stage: the lazily built model, the
@@ -130,7 +130,7 @@ def launch(nproc: int, devices: int, args) -> list[dict]:
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--width", type=int, default=131072, help="feature width (floats)")
-  ap.add_argument("--ood_sets", type=int, default=2, help="OOD sets besides id_fit, id_test")
+  ap.add_argument("--ood_sets", type=int, default=3, help="OOD sets besides id_fit, id_test")
   ap.add_argument("--batch", type=int, default=128)
   ap.add_argument("--shard", type=int, default=512, help="cache_shard_size (examples)")
   ap.add_argument("--timeout", type=int, default=1800)
