@@ -3,6 +3,9 @@
 Extraction is the expensive stage, so each finished set (and, while a big set is extracted,
 each finished shard of it) is written at once and reused by later runs with the same key: a
 crash in a detector, a changed metric or a killed run never costs those forward passes again.
+In a run with several processes each process writes the rows it extracted as its own entry
+(`part`: `<entry>/process-<i>-of-<n>`, with the rows' `_id`s), so no process ever holds or
+writes more than its share; process 0 reads them all for the detectors.
 
 An entry is a folder holding plain `.npy` arrays (loaded with allow_pickle=False) and a
 manifest, `meta.json`, that names each array's file with its dtype, shape and SHA-256.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -39,8 +43,50 @@ def set_dir(root: str, model_key: str, set_name: str) -> str:
   return os.path.join(root, model_key, set_name.replace("/", "_"))
 
 
+def part(path: str, process_index: int, process_count: int) -> str:
+  """The entry of one process's rows of the entry `path` in a run with several processes
+  (each writes its own: `path/process-00001-of-00002`); `path` itself with one process."""
+  if process_count == 1:
+    return path
+  return os.path.join(path, f"process-{process_index:05d}-of-{process_count:05d}")
+
+
 def _warn(msg: str) -> None:
   print(f"WARNING: {msg}", flush=True)
+
+
+def parts(path: str) -> list[str]:
+  """The per-process entries under `path` written by one run with several processes (those of
+  the largest process count there), in process order; [] when there are none."""
+  found = {}
+  try:
+    names = os.listdir(path)
+  except OSError:
+    return []
+  for n in names:
+    m = re.fullmatch(r"process-(\d{5})-of-(\d{5})", n)
+    if m:
+      found.setdefault(int(m.group(2)), {})[int(m.group(1))] = os.path.join(path, n)
+  if not found:
+    return []
+  count = max(found)
+  return [found[count][i] for i in sorted(found[count])]
+
+
+def load_parts(path: str, *, log: Callable[[str], None] = _warn,
+               ) -> Optional[dict[str, np.ndarray]]:
+  """The whole set saved at `path` by a run with several processes: every process's rows
+  put into set order by their `_id` (which is dropped); None when a part is missing/damaged."""
+  files = parts(path)
+  count = int(files[-1][-5:]) if files else 0
+  if not files or len(files) != count:
+    return None
+  arrays = [load(f, log=log) for f in files]
+  if any(a is None for a in arrays):
+    return None
+  out = {k: np.concatenate([a[k] for a in arrays]) for k in arrays[0]}
+  order = np.argsort(out.pop("_id"), kind="stable")
+  return {k: v[order] for k, v in out.items()}
 
 
 def checksum(a: np.ndarray) -> str:

@@ -1,14 +1,16 @@
 """Jitted, sharded forward passes over a set: images -> features, logits (+ input-based scores).
 
-The batch is sharded along the mesh's data axis, parameters are replicated, and the outputs
-are gathered (replicated) so that every process holds the whole set's arrays; padding rows
-(``_mask`` False) are dropped and rows are put back into set order by ``_id``.
+The batch is sharded along the mesh's data axis and parameters are replicated. The outputs stay
+sharded the same way: each process fetches only its addressable shards, i.e. the rows of its own
+part of the set (nothing is gathered across processes, so no process holds more than its share);
+padding rows (``_mask`` False) are dropped and rows are put into set order by ``_id``. With one
+process that is the whole set; with several, `fi_jax.pipeline` decides who reads what.
 
 API (what `fi_jax.pipeline` and the big_vision evaluator build on):
 
   fwd = Forward(predict_fn, mesh, input_scorers={...})   # builds the jitted step once
   for rows in fwd.chunks(params, batches): ...          # rows of each batch, padding dropped
-  arrays = fwd.extract(params, batches)                  # the whole set, in set order
+  arrays = fwd.extract(params, batches)                  # the set in order (this process's rows)
 
 A `Forward` holds one `jax.jit` step; XLA compiles it once per (parameter structure, per-device
 batch shape), so every set that goes through the same `Forward` with the same global batch
@@ -55,7 +57,8 @@ class Forward:
   """The compiled forward step of one model (and its input scorers) on one mesh.
 
   `step(params, global_batch)` -> {logits, features, label, group, _id, _mask,
-  score/<name>...} as replicated device arrays (dispatched asynchronously); `chunks` and
+  score/<name>...} as device arrays split along the batch like the input (dispatched
+  asynchronously; each process reads its own rows with `host_rows`); `chunks` and
   `extract` run it over a set's batches. Reuse one `Forward` for every set: its jitted step
   compiles once per per-device batch shape.
   """
@@ -70,6 +73,7 @@ class Forward:
       raise ValueError("Forward(layers=...) needs predict_out(params, images) -> (logits, "
                        "features, out), the predict variant that returns the model's out.")
     self._repl = distributed.replicated(mesh)
+    self._split = distributed.rows_sharding(mesh)   # outputs: each process keeps its rows
     scorers, reducers = self.input_scorers, self.layers
 
     def step(params, batch):
@@ -87,7 +91,7 @@ class Forward:
           out[f"{col}/{name}"] = v
       return out
 
-    self.step = jax.jit(step, out_shardings=self._repl)
+    self.step = jax.jit(step, out_shardings=self._split)
 
   def put_params(self, params):
     """`params` replicated on the mesh (a no-op when they already are)."""
@@ -105,21 +109,23 @@ class Forward:
     for i, local in enumerate(batches):
       out = self.step(params, distributed.global_batch(self.mesh, local))
       for v in out.values():
-        v.copy_to_host_async()   # the transfer starts as soon as the step is done
+        v.copy_to_host_async()   # (this process's shards) as soon as the step is done
       pending.append(out)
       if len(pending) >= max(1, depth):
-        yield _rows(pending.popleft())
+        yield host_rows(pending.popleft())
       if time.time() - last > 30:
         last = time.time()
         log(f"  batch {i + 1}/{steps or '?'} ({time.time() - t0:.0f} s)")
     while pending:
-      yield _rows(pending.popleft())
+      yield host_rows(pending.popleft())
 
   def extract(self, params, batches: Iterable[dict[str, np.ndarray]], *,
               steps: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
               ) -> dict[str, np.ndarray]:
-    """The whole set: {features, logits, label, group, score/<name>...} in set order."""
-    return in_set_order(list(self.chunks(params, batches, steps=steps, log=log)))
+    """The set: {features, logits, label, group, score/<name>...} in set order; with several
+    processes only this process's rows, with their `_id`."""
+    return in_set_order(list(self.chunks(params, batches, steps=steps, log=log)),
+                        keep_id=jax.process_count() > 1)
 
 
 def _at_least_f32(x: jax.Array) -> jax.Array:
@@ -127,11 +133,45 @@ def _at_least_f32(x: jax.Array) -> jax.Array:
   return x.astype(jnp.float32) if x.dtype.itemsize < 4 else x
 
 
-def _rows(out: dict[str, jax.Array]) -> dict[str, np.ndarray]:
-  """A step's outputs on the host, padding rows dropped."""
-  out = jax.device_get(out)
-  keep = np.asarray(out.pop("_mask")).astype(bool)
-  return {k: np.asarray(v)[keep] for k, v in out.items()}
+def host_rows(out: Mapping[str, jax.Array]) -> dict[str, np.ndarray]:
+  """This process's rows of a step's outputs on the host (its addressable shards only),
+  padding rows dropped."""
+  out = {k: distributed.local_rows(v) for k, v in out.items()}
+  keep = out.pop("_mask").astype(bool)
+  return {k: v[keep] for k, v in out.items()}
+
+
+class RowBuffer:
+  """A set's rows (of this process) written in place as chunks arrive: one copy of the set in
+  host memory instead of a list of chunks plus their concatenation. `n` is the number of rows
+  that will arrive (this process's part of the set)."""
+
+  def __init__(self, n: int):
+    self.n, self.size, self.arrays = int(n), 0, None
+
+  def add(self, rows: Mapping[str, np.ndarray]) -> None:
+    m = len(rows["_id"])
+    if self.arrays is None:
+      self.arrays = {k: np.empty((self.n, *np.shape(v)[1:]), np.asarray(v).dtype)
+                     for k, v in rows.items()}
+    if self.size + m > self.n or set(rows) != set(self.arrays):
+      raise ValueError(f"{self.size} + {m} rows with keys {sorted(rows)} do not fit the "
+                       f"{self.n} rows with keys {sorted(self.arrays)} expected.")
+    for k, v in rows.items():
+      self.arrays[k][self.size:self.size + m] = v
+    self.size += m
+
+  def view(self, start: int, stop: int) -> dict[str, np.ndarray]:
+    """Rows [start, stop) (views, no copy)."""
+    return {k: v[start:stop] for k, v in self.arrays.items()}
+
+  def result(self, keep_id: bool = False) -> dict[str, np.ndarray]:
+    """The rows in set order (no copy when they arrived in it, as they do from `data`)."""
+    if self.arrays is None:
+      raise ValueError("The set produced no batches.")
+    if self.size != self.n:
+      raise ValueError(f"{self.size} rows arrived, {self.n} expected.")
+    return in_set_order([self.arrays], keep_id=keep_id)
 
 
 def extract_chunks(predict_fn: PredictFn, params, batches: Iterable[dict[str, np.ndarray]],
@@ -143,12 +183,18 @@ def extract_chunks(predict_fn: PredictFn, params, batches: Iterable[dict[str, np
       params, batches, steps=steps, log=log)
 
 
-def in_set_order(chunks: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-  """Concatenates chunks of rows and puts them into set order by `_id` (which is dropped)."""
+def in_set_order(chunks: Sequence[Mapping[str, np.ndarray]], *, keep_id: bool = False,
+                 ) -> dict[str, np.ndarray]:
+  """Concatenates chunks of rows and puts them into set order by `_id` (dropped unless
+  `keep_id`); rows already in order are not copied again."""
   if not chunks:
     raise ValueError("The set produced no batches.")
-  arrays = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
-  order = np.argsort(arrays.pop("_id"), kind="stable")
+  arrays = {k: (np.concatenate([c[k] for c in chunks]) if len(chunks) > 1 else
+                np.asarray(chunks[0][k])) for k in chunks[0]}
+  ids = arrays["_id"] if keep_id else arrays.pop("_id")
+  if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
+    return arrays
+  order = np.argsort(ids, kind="stable")
   return {k: v[order] for k, v in arrays.items()}
 
 

@@ -39,6 +39,12 @@ def _read(path: str, keys, prefix: str = "") -> dict[str, np.ndarray]:
       raise ValueError(f"{path} is a damaged fi_jax cache entry (see the warning above); "
                        "rerun the pipeline that wrote it.")
     return {k: arrays[prefix + k] for k in keys if prefix + k in arrays}
+  if os.path.isdir(path) and cache.parts(path):   # one entry per process (multi-host run)
+    arrays = cache.load_parts(path)
+    if arrays is None:
+      raise ValueError(f"{path}: a process's part of this fi_jax cache entry is missing or "
+                       "damaged (see any warning above); rerun the pipeline that wrote it.")
+    return {k: arrays[prefix + k] for k in keys if prefix + k in arrays}
   if os.path.isdir(path):
     return {k: np.load(os.path.join(path, prefix + k + ".npy"), allow_pickle=False)
             for k in keys if os.path.exists(os.path.join(path, prefix + k + ".npy"))}

@@ -18,9 +18,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 
-from fi_jax import cache, data, detectors, extract, metrics, progress
+from fi_jax import cache, data, detectors, distributed, extract, metrics, progress
 from fi_jax import layers as layer_lib
 
 Log = Callable[[str], None]
@@ -92,21 +91,20 @@ def input_scorers(dets: Mapping[str, Any], names: Sequence[str], predict: extrac
 
 
 def _finished_shards(root: str, log: Log) -> list[Arrays]:
-  """The shards of an interrupted extraction under `root`, in order, up to the first one that
-  is missing or damaged (that one and every later one are recomputed)."""
+  """This process's shards of an interrupted extraction under `root`, in order, up to the
+  first one that is missing or damaged (that one and every later one are recomputed)."""
   done = []
   while True:
-    arrays = cache.load(os.path.join(root, f"shard-{len(done):05d}"), log=log)
+    arrays = cache.load(_shard_path(root, len(done)), log=log)
     if arrays is None:
       return done
     done.append(arrays)
 
 
-def _agree(n: int) -> int:
-  """Process 0's value of `n` on every process (all must skip the same shards)."""
-  if jax.process_count() == 1:
-    return n
-  return int(multihost_utils.broadcast_one_to_all(np.int64(n)))
+def _shard_path(root: str, k: int) -> str:
+  """Shard k of this process (with several processes each writes its own rows' entry)."""
+  return cache.part(os.path.join(root, f"shard-{k:05d}"), jax.process_index(),
+                    jax.process_count())
 
 
 def _extract_sharded(name: str, spec: dict, forward: extract.Forward, params, *,
@@ -115,20 +113,23 @@ def _extract_sharded(name: str, spec: dict, forward: extract.Forward, params, *,
   """One set through the model, written to `shard_root` in shards of about `shard_size`
   examples as it goes, so that a rerun after a kill resumes at the shard in flight.
 
-  A shard is a run of whole global batches; its rows are kept in extraction order with their
-  `_id`s, and the set's arrays are all shards' rows put in set order, exactly as one pass
-  would give them (the same batches through the same jitted step); shards are written as
-  the rows arrive from the device, while the next steps are in flight.
+  A shard is a run of whole global batches; each process writes the rows it extracted of it
+  (its own entry), with their `_id`s. Returns this process's rows in set order, exactly as one
+  pass would give them (the same batches through the same jitted step): with one process the
+  whole set, with several its own part with `_id` kept. Rows are written in place into one
+  buffer as they arrive from the device (shards are saved from views of it), while the next
+  steps are in flight.
   """
   steps_per_shard = max(1, -(-shard_size // batch_size)) if shard_size else 0
   done = _finished_shards(shard_root, log) if shard_root and steps_per_shard else []
-  n_done = _agree(len(done))
+  n_done = distributed.agree_min(len(done))   # every process skips the same shards
   done = done[:n_done]
   it, steps, info = data.batches(spec, pp_fn, batch_size, process_index=jax.process_index(),
                                  process_count=jax.process_count(),
                                  skip_steps=n_done * steps_per_shard)
+  n_local = info.num_examples_per_process[jax.process_index()]
   # a resumed set's total is what is left: unknown per process, so the bar counts only
-  total = None if n_done else info.num_examples_per_process[jax.process_index()]
+  total = None if n_done else n_local
   it = progress.batches(it, total, name)
   n_shards = -(-steps // steps_per_shard) if steps_per_shard else 1
   log(f"{name}: {info.num_examples} examples, {steps} batches of {batch_size}"
@@ -136,20 +137,23 @@ def _extract_sharded(name: str, spec: dict, forward: extract.Forward, params, *,
   if n_done:
     log(f"{name}: resuming at shard {n_done + 1}/{n_shards} ({n_done} finished shard(s), "
         f"{sum(len(d['_id']) for d in done)} examples, from {shard_root})")
-  chunks, shard, step = [], [], n_done * steps_per_shard
-  for rows in forward.chunks(params, it, steps=steps, log=log):
-    shard.append(rows)
+  rows = extract.RowBuffer(n_local)
+  for d in done:
+    rows.add(d)
+  del done
+  shard_start, step = rows.size, n_done * steps_per_shard
+  for chunk in forward.chunks(params, it, steps=steps, log=log):
+    rows.add(chunk)
     step += 1
     if steps_per_shard and step % steps_per_shard == 0 and step < steps:
       k = step // steps_per_shard - 1
-      arrays = {key: np.concatenate([c[key] for c in shard]) for key in shard[0]}
-      if shard_root and jax.process_index() == 0:
-        cache.save(os.path.join(shard_root, f"shard-{k:05d}"), arrays,
-                   {"set": name, "shard": k, "steps": [k * steps_per_shard, step]})
+      if shard_root:
+        cache.save(_shard_path(shard_root, k), rows.view(shard_start, rows.size),
+                   {"set": name, "shard": k, "steps": [k * steps_per_shard, step],
+                    "process": [jax.process_index(), jax.process_count()]})
         log(f"{name}: shard {k + 1}/{n_shards} saved")
-      chunks.append(arrays)
-      shard = []
-  return extract.in_set_order(done + chunks + shard)
+      shard_start = rows.size
+  return rows.result(keep_id=jax.process_count() > 1)
 
 
 def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.PredictFn, Any]],
@@ -159,6 +163,12 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
                  shard_size: int = 0, shard_root: Optional[ShardRootFn] = None,
                  forwards: Optional[dict] = None) -> dict[str, Arrays]:
   """The arrays of every set: from `load` when it has them, else through the model.
+
+  With one process these are whole sets. With several, each process gets (and `load`
+  returns, `save` receives) only its own rows of each set, with their `_id`s: the rows of its
+  part of the set, never the others' (`collect_sets` then brings them together where the
+  detectors run). A set is loaded only when every process's `load` has its rows, else every
+  process extracts it (they run the same jitted steps).
 
   `model()` returns (predict_fn, params) and is called only when a set is extracted (so a
   caller can build the model lazily); `save` receives every extracted set. With `shard_size`
@@ -179,6 +189,8 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
     names = input_scorer_names(dets, name)
     cols = column_names(names, reducers)
     arrays = load(name, spec, cols) if load else None
+    if not distributed.all_agree(arrays is not None):
+      arrays = None
     if arrays is None:
       predict, params = model()
       key = (predict, tuple(names), reducers)
@@ -199,12 +211,46 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
       if save:
         save(name, spec, cols, arrays, time.time() - t)
       if root:
-        if jax.process_count() > 1:   # every process has read the shards it resumed from
-          multihost_utils.sync_global_devices(f"fi_jax shards {name}")
+        # every process has saved its rows of the set (so no longer needs its shards)
+        distributed.sync(f"fi_jax shards {name}")
         if jax.process_index() == 0:
           cache.remove(root)
       log(f"{name}: done in {time.time() - t:.1f} s")
     out[name] = arrays
+  return out
+
+
+def collect_sets(local: Mapping[str, Arrays],
+                 read: Optional[Callable[[str, int], Optional[Arrays]]] = None,
+                 ) -> Optional[dict[str, Arrays]]:
+  """Every set's rows, in set order, where the detectors run.
+
+  One process: `local` as it is. Several, with `read(set name, process index)` (each
+  process's rows as saved, e.g. from the cache in a workdir every process sees): process 0
+  reads the other processes' rows after a barrier and gets every set; the other processes get
+  None (they hold nothing more than their own rows, which they drop). Several without `read`:
+  every process gets every set (an all-gather; each process then holds all rows).
+  """
+  if jax.process_count() == 1:
+    return dict(local)
+  if read is None:
+    return {name: extract.in_set_order([distributed.allgather_rows(a)])
+            for name, a in local.items()}
+  distributed.sync("fi_jax sets saved")   # every process's rows are on disk
+  if jax.process_index() != 0:
+    return None
+  out = {}
+  for name, own in local.items():
+    parts = []
+    for i in range(jax.process_count()):
+      part = own if i == 0 else read(name, i)
+      if part is None:
+        raise FileNotFoundError(
+            f"set {name!r}: process 0 cannot read the rows that process {i} saved. A run "
+            f"with several processes needs a workdir that every process sees (a shared "
+            f"filesystem): each process saves its rows there and process 0 reads them.")
+      parts.append(part)
+    out[name] = extract.in_set_order(parts)
   return out
 
 

@@ -226,28 +226,36 @@ class LazyModel:
     return self._built
 
 
+def set_path(config, workdir: str, name: str, spec: dict, columns) -> str:
+  """The cache entry of a set's arrays (with several processes: the folder of their parts);
+  `columns`: pipeline.column_names of the set."""
+  return (cache.set_dir(os.path.join(workdir, "cache"), model_key(config), name) + "-"
+          + cache.key_of(spec, sorted(columns)))
+
+
 def extract_sets(config, model: LazyModel, workdir: str, log: Log,
                  dets: dict) -> dict[str, dict[str, np.ndarray]]:
   """Features/logits of every set, from the cache or by running the model (then cached). A set's
   cache key includes its column names (input scorers, layer reducers: pipeline.column_names),
-  so a set extracted with other columns is another entry."""
-  root = os.path.join(workdir, "cache")
+  so a set extracted with other columns is another entry.
 
-  def path(name, spec, columns):
-    return (cache.set_dir(root, model_key(config), name) + "-"
-            + cache.key_of(spec, sorted(columns)))
+  With several processes each process gets, loads and caches only its own rows of each set
+  (`cache.part`); `pipeline.collect_sets` brings them together on process 0."""
+  path = lambda name, spec, columns: set_path(config, workdir, name, spec, columns)
+  own = lambda p: cache.part(p, jax.process_index(), jax.process_count())
 
   def load(name, spec, columns):
     p = path(name, spec, columns)
-    cached = cache.load(p, log=log) if config.get("cache", True) else None
+    cached = cache.load(own(p), log=log) if config.get("cache", True) else None
     if cached is not None:
-      log(f"{name}: {len(cached['logits'])} examples from cache {p}")
+      mine = " (this process's rows)" if jax.process_count() > 1 else ""
+      log(f"{name}: {len(cached['logits'])} examples{mine} from cache {p}")
     return cached
 
   def save(name, spec, columns, arrays, seconds):
-    if jax.process_index() == 0:
-      cache.save(path(name, spec, columns), arrays,
-                 {"set": name, "spec": spec, "seconds": seconds})
+    cache.save(own(path(name, spec, columns)), arrays,   # each process its own rows
+               {"set": name, "spec": spec, "seconds": seconds,
+                "process": [jax.process_index(), jax.process_count()]})
 
   def shard_root(name, spec, columns, batch_size, shard_size):
     # shard boundaries are runs of global batches: they move with these
@@ -366,6 +374,7 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
 
   from_features = [features.is_features_spec(s) for s in specs.values()]
   t = time.time()
+  on_0_only = False   # whether only process 0 holds every set (and scores them)
   if all(from_features):
     sets, head, model_meta = feature_sets(config, specs, dets)
   elif any(from_features):
@@ -382,8 +391,44 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
     head = cached_head(config, model, workdir, log)
     model_meta = model.get()[3] if model._built else {  # pylint: disable=protected-access
         "model_name": config.model_name, "model": to_dict(config.model), "from_cache": True}
-  sets, dropped = pipeline.drop_nonfinite(sets, config.get("nonfinite", "error"), log)
+    # several processes: process 0 reads every process's rows from the cache; the others
+    # drop theirs and wait for its results
+    sets = pipeline.collect_sets(sets, part_reader(config, workdir, specs, dets, log))
+    on_0_only = jax.process_count() > 1
   timings["extract"] = time.time() - t   # includes building the model, if needed
+  if sets is None:
+    results = distributed.broadcast_json(None)
+    if "error" in results:
+      raise RuntimeError(f"process 0 failed, so this process stops too: {results['error']}")
+    return results
+  try:
+    results = _score_and_report(config, workdir, log, dets, specs, sets, head, model_meta,
+                                random_init, timings, t_start)
+  except Exception as e:
+    if on_0_only:   # the other processes are waiting for the results
+      distributed.broadcast_json({"error": f"{type(e).__name__}: {e}"})
+    raise
+  if on_0_only:
+    results = distributed.broadcast_json(results)
+  return results
+
+
+def part_reader(config, workdir: str, specs: dict, dets: dict, log: Log):
+  """read(set name, process index) -> that process's cached rows of the set (or None)."""
+  def read(name, index):
+    cols = pipeline.column_names(pipeline.input_scorer_names(dets, name),
+                                 pipeline.layer_reducers(dets))
+    p = cache.part(set_path(config, workdir, name, specs[name], cols), index,
+                   jax.process_count())
+    return cache.load(p, log=log)
+  return read
+
+
+def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, sets: dict,
+                      head, model_meta: dict, random_init: bool, timings: dict,
+                      t_start: float) -> dict:
+  """Detectors, metric rows and the report files of every set's arrays (on one process)."""
+  sets, dropped = pipeline.drop_nonfinite(sets, config.get("nonfinite", "error"), log)
 
   t = time.time()
   log(f"Detectors ({len(dets)}):")

@@ -34,7 +34,15 @@ predict_fn conventions (big_vision's `predict_fn(train_state, batch)`; only
 
 Sharding: parameters that are already sharded `jax.Array`s (train.py's train state, under its
 mesh) are used where they are; the batch is split over every device of that mesh. Unsharded
-parameters are put replicated on `devices`. Detectors and metrics run on `devices[0]`.
+parameters are put replicated on `devices`. Detectors and metrics run on the first of `devices`
+that belongs to the calling process.
+
+Processes: in big_vision every process calls `run()` and gets the metrics, so every process
+holds every set here. The forward step's outputs stay split over the devices and each process
+fetches only its own rows; the rows of each set are then all-gathered once (through one device
+per process) and every process fits and scores the detectors on the same arrays, yielding the
+same metrics. That suits evaluation-sized sets; the benchmark run (`fi_jax.run`) instead
+leaves each process only its own rows and scores on process 0.
 
 Layer detectors (mdsens, gram; docs/detectors.md#layer-scores) read the blocks of the
 predict_fn's `out` (big_vision's ViT `out["encoder"]["blockNN"]["+mlp"]`, or CNN stages); their
@@ -259,22 +267,23 @@ class Evaluator:
     return self._forwards[key]
 
   def _extract(self, name: str, fwd: extract.Forward, p, mesh: Mesh) -> dict[str, np.ndarray]:
-    """One set through the compiled step, two steps in flight; rows in set order."""
+    """One set through the compiled step, two steps in flight; rows in set order. Each process
+    fetches its own rows; with several processes they are then all-gathered, so that every
+    process holds the whole set (see "Processes" above)."""
     sharding = NamedSharding(mesh, P(tuple(mesh.axis_names)))
     n_local = len(mesh.local_devices)
     pending, rows = collections.deque(), []
 
     def fetch(out):
-      out = jax.device_get(out)
-      keep = np.asarray(out.pop("_mask")).astype(bool)
-      rows.append({k: np.asarray(v)[keep] for k, v in out.items()})
+      rows.append(extract.host_rows(out))
     for local in self._set_batches(name):
       n = len(local["_mask"])
       if n % n_local:
         raise ValueError(f"{name}: the local batch of {n} does not divide over the {n_local} "
                          f"local devices of the mesh {dict(mesh.shape)}; choose batch_size "
                          f"as a multiple of {mesh.size}.")
-      batch = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
+      with jax.transfer_guard("allow"):   # explicit (counts as implicit with several processes)
+        batch = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
       out = fwd.step(p, batch)
       for v in out.values():
         v.copy_to_host_async()
@@ -283,7 +292,10 @@ class Evaluator:
         fetch(pending.popleft())
     while pending:
       fetch(pending.popleft())
-    return extract.in_set_order(rows)
+    if jax.process_count() == 1:
+      return extract.in_set_order(rows)
+    return extract.in_set_order([distributed.allgather_rows(
+        extract.in_set_order(rows, keep_id=True))])
 
   # ------------------------------------------------------------------------- run
 
@@ -309,13 +321,18 @@ class Evaluator:
     head = self._head(params, zs)
     self.last_timings = {"extract_s": time.time() - t0}
     # train.py runs with jax_transfer_guard="disallow"; host arrays move explicitly here.
-    with jax.transfer_guard("allow"), jax.default_device(self.devices[0]):
+    with jax.transfer_guard("allow"), jax.default_device(self._local_device()):
       accuracy = pipeline.id_accuracy(sets["id_test"])
       if accuracy is not None:
         yield "id_accuracy", accuracy
       t = time.time()
       yield from self._detector_metrics(sets, head)
       self.last_timings["detectors_s"] = time.time() - t
+
+  def _local_device(self):
+    """The first of `devices` that belongs to this process (detectors and metrics run there)."""
+    mine = [d for d in self.devices if d.process_index == jax.process_index()]
+    return mine[0] if mine else jax.local_devices()[0]
 
   def _detector_metrics(self, sets, head) -> Iterator[tuple[str, float]]:
     usable, skipped = {}, {}
