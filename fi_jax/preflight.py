@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional
 
 from absl import logging
 
+from fi_jax import detectors
 from fi_jax.models import releases
 from fi_jax.models.convert import readers
 
@@ -174,6 +175,22 @@ def check_model(config) -> list[str]:
   return problems
 
 
+def check_detectors(config) -> list[str]:
+  """Detectors that work only on some model families (`model_families`: RankFeat) asked for
+  with another fi_jax model family (a model given by a dotted module path is not checked)."""
+  model = str(_get(config, "model_name", "") or "")
+  if not model or "." in model:
+    return []
+  problems = []
+  for name in _get(config, "detectors", ()) or ():
+    families = getattr(detectors.REGISTRY.get(name), "model_families", None)
+    if families is not None and model not in families:
+      problems.append(f"detector {name} works only on the model families {list(families)}, "
+                      f"not on {model!r}: remove it from config.detectors (the configs' "
+                      f"odin=True lists it only for those families).")
+  return problems
+
+
 def check(config, specs: Optional[Mapping[str, Mapping]] = None) -> list[str]:
   """Every problem the run would hit (sets, files, checkpoint), as short texts."""
   if specs is None:
@@ -182,7 +199,7 @@ def check(config, specs: Optional[Mapping[str, Mapping]] = None) -> list[str]:
   problems = check_sets(specs)
   uses_model = any(dict(s).get("source") != "features" for s in specs.values())
   if uses_model:
-    problems += check_model(config)
+    problems += check_model(config) + check_detectors(config)
   head = _get(config, "head", "")
   if head:
     p = _readable(head, "head file", "Point config.head at the file with the classifier's "

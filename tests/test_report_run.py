@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from configs import common, demo, features as features_config, vit
+from configs import common, demo, features as features_config, torchvision, vit
 from fi_jax import preflight, report, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,6 +70,16 @@ def test_real_config_without_checkpoint_needs_random_init():
   assert preflight.check_model(c) == [] and c.random_init
   assert run.model_label(c) == "vit-B/16 (random init)"
   assert preflight.check_model(demo.get_config("quick")) == []   # trains: no checkpoint needed
+
+
+def test_preflight_refuses_a_family_only_detector_on_another_family():
+  c = torchvision.get_config("name=convnext_tiny,random_init=True,odin=True")
+  assert "rankfeat" not in c.detectors and preflight.check_detectors(c) == []
+  c.detectors = tuple(c.detectors) + ("rankfeat",)
+  problems = preflight.check_detectors(c)
+  assert len(problems) == 1 and "rankfeat" in problems[0] and "'convnext'" in problems[0]
+  c = torchvision.get_config("name=resnet50,random_init=True,odin=True")
+  assert "rankfeat" in c.detectors and preflight.check_detectors(c) == []
 
 
 def test_main_prints_every_problem_and_exits_2(tmp_path):
