@@ -15,7 +15,8 @@ rows); their references use the same rows.
 Part 1 times the suite as the pipeline runs it (inside `detectors.shared()`: work repeated on
 the same arrays is done once, e.g. one KNN search serves k=1000 and k=50); part 2 times every
 run alone and checks it against its reference (and that it equals the suite's scores).
-Targets: KNN >= 1.0x faiss-cpu; suite total <= 3x one faiss-cpu exact search on the bank.
+Targets: KNN >= 1.0x faiss-cpu; suite total <= 2.5x one faiss-cpu exact search on the bank
+(`--no-reference` times the suite and that one search only).
 """
 from __future__ import annotations
 
@@ -464,7 +465,11 @@ def main():
              [detectors.hparams_of(*q) for q in runs if q[0] == r[0] and q < r])
   print(f"suite total: {t_suite:.1f} s ({len(runs)} detector x preset runs; {same} have the "
         f"hyper-parameters of another preset of the same detector)")
-  if args.no_reference:
+  if args.no_reference:   # still one faiss-cpu exact search per KNN k, for the suite's target
+    for k in sorted({det.hparams["k"] for (name, _), det in dets.items() if name == "knn"}):
+      _, t_f = timed(lambda: reference("knn", {"k": k}, fit, test, head))
+      print(f"suite / one faiss search (IndexFlatL2 add + search, k={k}, {t_f:.1f} s): "
+            f"{t_suite / t_f:.2f} [target <= 2.5]")
     print(f"wall time of the whole bench: {time.perf_counter() - t0:.0f} s")
     return
 
@@ -498,7 +503,7 @@ def main():
     print(f"KNN k={k} alone: fi_jax {ours:.1f} s (fit + score) vs faiss-cpu exact search "
           f"{t_f:.1f} s (IndexFlatL2 add + search): {t_f / ours:.2f}x faiss [target >= 1.0x]")
   for k, (t_f, _) in sorted(faiss_times.items()):
-    print(f"suite / one faiss search (k={k}): {t_suite / t_f:.2f} [target <= 3]")
+    print(f"suite / one faiss search (k={k}): {t_suite / t_f:.2f} [target <= 2.5]")
   print(f"wall time of the whole bench: {time.perf_counter() - t0:.0f} s")
 
 
