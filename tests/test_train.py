@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from fi_jax import train
 
@@ -45,7 +46,10 @@ def _reference(model, params, images, labels, *, steps, batch_size, lr, warmup_s
   return params
 
 
-def test_chunked_training_equals_per_step_loop():
+@pytest.mark.parametrize("chunk_bytes", [None, 512])   # 512: one step per jitted call
+def test_chunked_training_equals_per_step_loop(chunk_bytes, monkeypatch):
+  if chunk_bytes:
+    monkeypatch.setattr(train, "_CHUNK_BYTES", chunk_bytes)
   rng = np.random.default_rng(1)
   images = rng.normal(size=(40, 4, 4, 1)).astype(np.float32)
   labels = rng.integers(0, 3, 40)
@@ -55,8 +59,7 @@ def test_chunked_training_equals_per_step_loop():
   lines = []
   got = train.train_classifier(model, params, images, labels, log=lines.append, **kw)
   want = _reference(model, params, images, labels, **kw)
-  # 13 steps in chunks of 2: the last chunk is padded and runs 1 step (the padding would
-  # change the parameters if it were trained on)
+  # 13 steps in chunks of 2 (the last one padded, running 1 step) or of 1; a line every 2 steps
   assert [l.split(":")[0] for l in lines] == [f"  train step {s}/13" for s in
                                               (2, 4, 6, 8, 10, 12, 13)]
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
