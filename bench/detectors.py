@@ -26,6 +26,7 @@ import sys
 import time
 
 import numpy as np
+import threadpoolctl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -432,6 +433,13 @@ def main():
   n_fit, n_test = int(100_000 * args.scale), int(50_000 * args.scale)
   t0 = time.perf_counter()
   fit, test, head = make_data(n_fit, n_test, args.dim, args.classes)
+  blas = sorted({f"{os.path.basename(i['filepath']).split('-')[0]}: {i.get('architecture')}"
+                 for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"})
+  print(f"BLAS kernels: {blas} (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')!r})")
+  if any(b.endswith("Prescott") for b in blas):
+    print("  warning: an OpenBLAS fell back to its generic Prescott kernel (it did not recognise "
+          "the CPU): the BLAS-bound references (faiss) run slowly; set OPENBLAS_CORETYPE to the "
+          "CPU's kernel (e.g. SkylakeX, Haswell) for a fair comparison")
   print(f"data: fit {fit.features.shape}, test {test.features.shape}, C={args.classes} "
         f"({time.perf_counter() - t0:.1f} s); jax {jax.__version__} on {jax.devices()[0].platform}"
         f" x{jax.device_count()}, faiss {faiss.__version__} ({faiss.omp_get_max_threads()} threads)"

@@ -11,7 +11,7 @@ import pytest
 import scipy.special
 
 from fi_jax import detectors
-from fi_jax.detectors import stats
+from fi_jax.detectors import stats, weiper
 
 from test_detectors import assert_scores, f64, fit_score, make_data
 
@@ -171,6 +171,22 @@ def test_weiper_kld(data):
   ref = ref_weiper_kld(fit, test, head, 4, 1.0, 2, nbins=30, s1=5, s2=4, eps=0.02,
                        eps_noise=0.01, lam1=2.0, lam2=0.5)
   assert_scores(got, ref, rtol=RTOL)
+
+
+def test_weiper_kld_fit_in_row_blocks_equals_one_block(data, monkeypatch):
+  # the fit runs in blocks of FIT_BLOCK_ROWS rows (bounded memory: [rows, r C] perturbed
+  # logits per block); blocks of 37 rows (a shorter last block) give the one-block state
+  fit, test, head = data
+  det = detectors.build("weiper_kld", repeats=5)
+  monkeypatch.setattr(weiper, "FIT_BLOCK_ROWS", 10 ** 6)
+  whole = det.fit(fit, head)
+  monkeypatch.setattr(weiper, "FIT_BLOCK_ROWS", 37)
+  blocked = det.fit(fit, head)
+  assert len(fit.features) > 2 * 37
+  for k in ("edges_h", "edges_z"):
+    np.testing.assert_array_equal(np.asarray(blocked[k]), np.asarray(whole[k]))
+  for k in ("dens_h", "dens_z"):
+    np.testing.assert_allclose(np.asarray(blocked[k]), np.asarray(whole[k]), rtol=1e-12, atol=0)
 
 
 def test_weiper_kld_subsampled_fit_uses_the_seeded_rows(data):

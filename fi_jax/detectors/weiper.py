@@ -125,6 +125,11 @@ def _sym_kl(p_mean, q, smooth, eps):
   return jnp.sum((p - qs) * (jnp.log(p) - jnp.log(qs)), -1)
 
 
+# fit rows per device call: the perturbed logits of a block are [rows, r C] (256 x 100k in the
+# compute dtype: ~0.2 GB, with the histogram temporaries ~1 GB; 16384 rows would need ~65 GB)
+FIT_BLOCK_ROWS = 256
+
+
 @jax.jit
 def _minmax_chunk(h, wt, bt):
   z = matmul(fc(h), fc(wt)) + fc(bt)
@@ -181,18 +186,19 @@ class WeiPerKLD(Detector):
       sample.add(start, chunk)
     h = sample.result()["features"]
     nb = int(hp["n_bins"])
+    blocks = range(0, len(h), FIT_BLOCK_ROWS)   # the last one shorter: at most two compiles
     mm = None
-    for i in range(0, len(h), stats.CHUNK_ROWS):
-      part = np.asarray(_minmax_chunk(h[i:i + stats.CHUNK_ROWS], st["wt"], st["bt"]), np.float64)
+    for i in blocks:
+      part = np.asarray(_minmax_chunk(h[i:i + FIT_BLOCK_ROWS], st["wt"], st["bt"]), np.float64)
       mm = part if mm is None else np.array([min(mm[0], part[0]), max(mm[1], part[1]),
                                              min(mm[2], part[2]), max(mm[3], part[3])])
     edges_h = np.linspace(mm[0], mm[1] + 1e-8, nb + 1)
     edges_z = np.linspace(mm[2], mm[3] + 1e-8, nb + 1)
     cd = cdtype()
     total = None
-    for i in range(0, len(h), stats.CHUNK_ROWS):
+    for i in blocks:
       total = stats.add_sums(total, _density_sums(
-          h[i:i + stats.CHUNK_ROWS], st["wt"], st["bt"], jnp.asarray(edges_h, cd),
+          h[i:i + FIT_BLOCK_ROWS], st["wt"], st["bt"], jnp.asarray(edges_h, cd),
           jnp.asarray(edges_z, cd), nbins=nb))
     return {**st, "edges_h": jnp.asarray(edges_h, cd), "edges_z": jnp.asarray(edges_z, cd),
             "dens_h": jnp.asarray(total["dens_h"] / total["n"], cd),
