@@ -72,6 +72,11 @@ def column_names(scorer_names: Sequence[str], reducers: Sequence[str]) -> list[s
   return list(scorer_names) + [f"{layer_lib.PREFIX}/{r}" for r in reducers]
 
 
+def set_columns(dets: Mapping[str, Any], set_name: str) -> list[str]:
+  """`column_names` of set `set_name` for the detectors `dets` (its cache key's columns)."""
+  return column_names(input_scorer_names(dets, set_name), layer_reducers(dets))
+
+
 def input_scorers(dets: Mapping[str, Any], names: Sequence[str], predict: extract.PredictFn,
                   input_std: Sequence[float]) -> dict[str, extract.InputScorer]:
   """{name: scorer(params, images)} for `fi_jax.extract.Forward`.
@@ -187,7 +192,7 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
   reducers = layer_reducers(dets)
   for name, spec in specs.items():
     names = input_scorer_names(dets, name)
-    cols = column_names(names, reducers)
+    cols = set_columns(dets, name)
     arrays = load(name, spec, cols) if load else None
     if not distributed.all_agree(arrays is not None):
       arrays = None

@@ -416,10 +416,8 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
 def part_reader(config, workdir: str, specs: dict, dets: dict, log: Log):
   """read(set name, process index) -> that process's cached rows of the set (or None)."""
   def read(name, index):
-    cols = pipeline.column_names(pipeline.input_scorer_names(dets, name),
-                                 pipeline.layer_reducers(dets))
-    p = cache.part(set_path(config, workdir, name, specs[name], cols), index,
-                   jax.process_count())
+    p = cache.part(set_path(config, workdir, name, specs[name], pipeline.set_columns(dets, name)),
+                   index, jax.process_count())
     return cache.load(p, log=log)
   return read
 
