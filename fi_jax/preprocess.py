@@ -42,9 +42,21 @@ def register(fn: Callable[..., Op]) -> Callable[..., Op]:
   return fn
 
 
+class _LazyTF:
+  """`tensorflow`, imported on first attribute use: the ops are built when a config is read,
+  but TF (several seconds to import) is needed only once a set is really preprocessed, and a
+  rerun whose sets are all cached never does."""
+
+  def __getattr__(self, name):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (costs seconds: on first use)
+    return getattr(tf, name)
+
+
+_TF = _LazyTF()
+
+
 def _tf():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (TF costs ~6 s: import lazily)
-  return tf
+  return _TF
 
 
 def _hw(size) -> tuple[int, int]:

@@ -429,13 +429,16 @@ def write_plots(workdir: str, results: Mapping, scores: Mapping[str, Mapping[str
     lo = min(v.min() for v in finite.values())
     hi = max(v.max() for v in finite.values())
     bins = np.linspace(lo, hi if hi > lo else lo + 1, 51)
-    ax.hist(finite["id_test"], bins=bins, density=True, alpha=0.5, label="ID test")
+    # one filled / outlined step path per set (ax.hist draws a patch per bar: ~10x slower)
+    ax.stairs(np.histogram(finite["id_test"], bins, density=True)[0], bins, fill=True,
+              alpha=0.5, label="ID test")
     for ood in sets:
       if f"ood/{ood}" in finite:
-        ax.hist(finite[f"ood/{ood}"], bins=bins, density=True, histtype="step", label=ood)
+        ax.stairs(np.histogram(finite[f"ood/{ood}"], bins, density=True)[0], bins, label=ood)
     ax.set(xlabel=f"{det} score (higher = more ID)", ylabel="density", title=det)
     ax.legend(fontsize=7)
-    written.append(_save(fig, os.path.join(folder, f"hist_{_file_safe(det)}.png")))
+    fig.subplots_adjust(left=0.13, right=0.98, bottom=0.13, top=0.92)   # fixed: no tight_layout
+    written.append(_save(fig, os.path.join(folder, f"hist_{_file_safe(det)}.png"), tight=False))
   dets = ranked_detectors(results["rows"], key, where)
   value = {(r["detector"], r["ood_set"]): r.get("fpr95") for r in results["rows"]}
   grid = np.array([[np.nan if value.get((d, s)) is None else 100 * value[(d, s)] for s in sets]
@@ -461,8 +464,9 @@ def heatmap(grid: np.ndarray, rows: Sequence[str], cols: Sequence[str], title: s
   return _save(fig, path)
 
 
-def _save(fig, path: str) -> str:
-  fig.tight_layout()
+def _save(fig, path: str, tight: bool = True) -> str:
+  if tight:
+    fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
   return path
