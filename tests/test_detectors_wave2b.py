@@ -6,12 +6,13 @@ batch_histogram, UniformKernel, kldiv). OpenOOD v1.5 @ 3c35632ee91b54b09d1f085d0
 ships none of these five postprocessors (no preset). Scores must match to 1e-6 relative on
 signed and ReLU-like features, plus a ranking case where each beats MSP.
 """
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special
 
 from fi_jax import detectors
-from fi_jax.detectors import stats, weiper
+from fi_jax.detectors import activation, stats, weiper
 
 from test_detectors import assert_scores, f64, fit_score, make_data
 
@@ -142,6 +143,23 @@ def test_optfs(data, score):
   fit, test, head = data
   assert_scores(fit_score("optfs", fit, test, head, score=score),
                 ref_optfs(fit, test, head, score), rtol=RTOL)
+
+
+@pytest.mark.parametrize("lo,hi", [(0.0, 1.0), (-3.7, 11.3), (1e-3, 2.9)])
+def test_optfs_bins_equal_searchsorted(lo, hi):
+  """The equal-width bin guess corrected by its neighbouring edges equals numpy's binary search
+  on every entry, including the edges themselves, their neighbours and values out of range."""
+  width = (hi - lo) / 100.0
+  left = np.arange(lo, hi, width)
+  rng = np.random.default_rng(0)
+  edges = np.concatenate([left, left + width])
+  h = np.concatenate([rng.uniform(lo - 1, hi + 1, 5000), edges, np.nextafter(edges, -np.inf),
+                      np.nextafter(edges, np.inf), [lo - 1e9, hi + 1e9, -np.inf, np.inf]])
+  h = h[(h == 0) | (np.abs(h) >= np.finfo(h.dtype).tiny)]   # XLA on CPU flushes subnormals
+  i = np.searchsorted(left, h, side="right") - 1
+  want = np.where((i >= 0) & (h < left[np.maximum(i, 0)] + width), i, -1)
+  got = activation._bins_of(jnp.asarray(h), jnp.asarray(left), jnp.asarray(width))
+  np.testing.assert_array_equal(np.asarray(got), want)
 
 
 def test_line(data):

@@ -285,8 +285,15 @@ class BATS(Detector):
 # ----------------------------------------------------------------------------- OptFS
 
 def _bins_of(h, left, width):
-  """Index i of the interval [left_i, left_i + width) holding each entry of h; -1 if none."""
-  i = jnp.searchsorted(left, h, side="right") - 1
+  """Index i of the interval [left_i, left_i + width) holding each entry of h; -1 if none.
+
+  i = searchsorted(left, h, 'right') - 1, found without a search: the equal-width guess
+  floor((h - left_0) / width) is off by at most one from it (left is an arange of step width,
+  so left_k = left_0 + k width up to rounding), and one comparison with each neighbouring left
+  edge corrects it (a binary search over the edges is ~10x slower on CPUs)."""
+  n = left.shape[0]
+  g = jnp.clip(jnp.floor((h - left[0]) / width), 0, n - 1).astype(jnp.int32)
+  i = g - (h < left[g]) + ((g + 1 < n) & (h >= left[jnp.minimum(g + 1, n - 1)]))
   ok = (i >= 0) & (h < left[jnp.maximum(i, 0)] + width)
   return jnp.where(ok, i, -1)
 
@@ -332,7 +339,7 @@ class OptFS(Detector):
       sample.add(start, chunk)
     rows = sample.result()
     ent = rows["features"].reshape(-1).astype(np.float64)
-    lo, hi = np.quantile(ent, 1e-3), np.quantile(ent, 1 - 1e-3)
+    lo, hi = np.quantile(ent, [1e-3, 1 - 1e-3])              # one partition for both
     require(hi > lo, "optfs: the fit features are constant; no interval to shape.")
     width = (hi - lo) / 100.0
     left = np.arange(lo, hi, width)
