@@ -226,8 +226,9 @@ class Residual(Detector):
     w = jnp.asarray(head.w, cd)
     u = -matmul(jnp.linalg.pinv(w.T), jnp.asarray(head.b, cd))
     dim = self._dim(int(w.shape[0]))
-    st = stats.moments(train, scatter=True, shift=np.asarray(u, np.float64))
-    cov = jnp.asarray(st["scatter"] / st["n"], cd)
+    # the plain scatter pass about the data's mean (shared with MDS, SSD, NECO), moved to u
+    st = stats.moments(train, scatter=True)
+    cov = jnp.asarray(stats.second_moment(st, np.asarray(u, np.float64)), cd)
     _, vecs = jnp.linalg.eigh(0.5 * (cov + cov.T))        # ascending eigenvalues
     return u, vecs[:, :w.shape[0] - dim]
 
