@@ -171,6 +171,21 @@ def test_line(data):
                 ref_line(fit, test, head, 50, 30, 0.8), rtol=RTOL)
 
 
+def test_line_class_sorted_blocks_equal_one_call(data, monkeypatch):
+  """Scoring rows sorted by predicted class in blocks of SCORE_BLOCK rows (the last one padded
+  with rows of no class) gives the scores of one call on the whole set, in the input order."""
+  from fi_jax.detectors import core
+  fit, test, head = data
+  det = detectors.build("line", block_elems=3000)
+  state = det.fit(fit, head)
+  monkeypatch.setattr(core, "SCORE_BLOCK", None)
+  whole = np.asarray(det.score(state, test))
+  monkeypatch.setattr(core, "SCORE_BLOCK", 64)        # 3 blocks, the last one padded by 42 rows
+  blocked = np.asarray(det.score(state, test))
+  assert blocked.shape == whole.shape == (len(test.features),)
+  np.testing.assert_allclose(blocked, whole, rtol=1e-12, atol=1e-12)
+
+
 def test_weiper(data):
   fit, test, head = data
   for r, delta, seed in ((100, 2.1, 0), (7, 0.5, 3)):

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.detectors import shared, stats
+from fi_jax.detectors import core, shared, stats
 from fi_jax.detectors.core import (Detector, cdtype, check_number, check_percentile, check_seed,
                                    fc, head_logits, head_state, matmul, require)
 
@@ -457,11 +457,51 @@ class LINe(Detector):
             "thresh_w": jnp.asarray(t_w, cd), "mask_a": jnp.asarray(contrib > t_a[:, None], cd),
             "clip": jnp.asarray(clip, cd)}
 
+  def _blk(self, n: int, d: int, c: int) -> int:
+    """Rows per block: at most block_elems / (D C), and about the mean rows per class of the
+    n rows scored (padding a class's last block costs little)."""
+    return max(1, min(int(self.hparams["block_elems"]) // max(d * c, 1), -(-n // c)))
+
   def _score(self, state, features, logits):
-    x = jnp.minimum(fc(features), state["clip"])
-    pred = jnp.argmax(matmul(x, fc(state["w"])) + fc(state["b"]), -1)
+    x, pred = _line_clip_pred(features, state)
     n, d = x.shape
-    c = state["w"].shape[1]
-    # rows per block: at most block_elems / (D C), and about the mean rows per class (padding)
-    blk = max(1, min(int(self.hparams["block_elems"]) // max(d * c, 1), -(-n // c)))
-    return _line_scores(x, pred, state, blk)
+    return _line_scores(x, pred, state, self._blk(n, d, state["w"].shape[1]))
+
+  def _score_blocked(self, state, outputs):
+    """The rows sorted by predicted class *before* they are cut into SCORE_BLOCK-row blocks:
+    a block then holds whole classes, and each class's masked heads are built about once per
+    set, not once per block (the cost of LINe's score). Two fixed-shape jitted calls per block
+    (prediction, scores) serve every set; rows per block from the set's rows per class."""
+    block = core.SCORE_BLOCK
+    n, blocks = core.score_blocks(outputs, block)
+    if blocks is None:
+      return super()._score_blocked(state, outputs)
+    pred = np.concatenate([np.asarray(_line_clip_pred(b.features, state)[1])
+                           for b in blocks])[:n]
+    order = np.argsort(pred, kind="stable")
+    feats = np.asarray(outputs.features)
+    c = int(np.shape(state["w"])[1])
+    blk = self._blk(n, feats.shape[1], c)
+    out = np.empty(n, np.float64)
+    for start in range(0, n, block):
+      rows = order[start:start + block]
+      pad = block - len(rows)
+      rows_p = np.concatenate([rows, np.repeat(rows[-1:], pad)])
+      pred_p = np.concatenate([pred[rows], np.full(pad, c, pred.dtype)])   # class c: no class
+      s = _line_sorted_block(jax.device_put(feats[rows_p]), jax.device_put(pred_p), state,
+                             blk=blk)
+      out[rows] = np.asarray(s)[:len(rows)]
+    return jax.device_put(out.astype(np.dtype(cdtype())))
+
+
+@jax.jit
+def _line_clip_pred(features, state):
+  """(x = min(h, clip), predicted class argmax(W^T x + b))."""
+  x = jnp.minimum(fc(features), state["clip"])
+  return x, jnp.argmax(matmul(x, fc(state["w"])) + fc(state["b"]), -1)
+
+
+@functools.partial(jax.jit, static_argnames=("blk",))
+def _line_sorted_block(features, pred, state, *, blk: int):
+  """LINe scores of a block of rows with given predicted classes (class C = a padding row)."""
+  return _line_scores(jnp.minimum(fc(features), state["clip"]), pred, state, blk)
