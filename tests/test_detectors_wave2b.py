@@ -171,6 +171,20 @@ def test_line(data):
                 ref_line(fit, test, head, 50, 30, 0.8), rtol=RTOL)
 
 
+@pytest.mark.parametrize("p", [0.0, 0.5, 10.0, 37.3, 50.0, 90.0, 99.9, 100.0])
+def test_line_weight_thresholds_equal_numpy_percentile(p):
+  """The bracketed selection of LINe's weight thresholds gives np.percentile's bits (D*C large
+  enough for the bracket; p = 0 / 100 and tied products take the plain path or the fallback)."""
+  rng = np.random.default_rng(1)
+  w = rng.normal(size=(128, 600))
+  w[:, :40] = 0.5                                        # ties among the products
+  absc = np.abs(rng.normal(size=(12, 128)))
+  absc[3] = 0.0                                          # a class with all-zero contributions
+  want = np.array([np.percentile(a[:, None] * w, p) for a in absc])
+  got = activation._line_weight_thresholds(absc, w, p)
+  np.testing.assert_array_equal(got, want)
+
+
 def test_line_class_sorted_blocks_equal_one_call(data, monkeypatch):
   """Scoring rows sorted by predicted class in blocks of SCORE_BLOCK rows (the last one padded
   with rows of no class) gives the scores of one call on the whole set, in the input order."""

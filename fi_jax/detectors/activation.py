@@ -393,15 +393,57 @@ def _line_scores(x, pred, state, blk: int):
   return jax.lax.fori_loop(0, blk_end[-1], body, jnp.zeros((n,), x.dtype))
 
 
+_THRESH_SAMPLE = 8192                   # entries sampled to bracket a class's percentile
+
+
+def _lerp(v0: float, v1: float, gamma: float) -> float:
+  """numpy's 'linear' percentile interpolation between neighbouring order statistics (the
+  same float operations, so the same bits)."""
+  diff = v1 - v0
+  return v1 - diff * (1 - gamma) if gamma >= 0.5 else v0 + diff * gamma
+
+
 def _line_weight_thresholds(absc, w, p: float) -> np.ndarray:
-  """t[k] = np.percentile(absc[k][:, None] * w, p) for every class k: C selections over D*C
-  entries each (the fit's cost), in a reused buffer per thread, classes split over threads."""
+  """t[k] = np.percentile(absc[k][:, None] * w, p) for every class k (bit-identical): C
+  selections over the D*C products each (the fit's cost), classes split over threads.
+
+  The two order statistics a percentile interpolates are found among the products inside a
+  bracket: the bracket comes from a fixed sample of the products (+-4 standard deviations of the
+  sample rank about the target), the products below it are counted and the few inside it
+  partitioned (~5x faster than np.percentile's partition of all D*C products); a bracket that
+  misses (rare) falls back to np.percentile."""
+  n = w.size
+  vi = (n - 1) * (p / 100.0)                               # numpy's 'linear' virtual index
+  lo_i = int(np.floor(vi))
+  gamma = vi - np.floor(vi)
+  fast = (n > 8 * _THRESH_SAMPLE and 0 <= lo_i < n - 1 and np.isfinite(w).all()
+          and np.isfinite(absc).all())
+  sample = np.random.default_rng(0).choice(n, _THRESH_SAMPLE, replace=False) if fast else None
+  f = lo_i / n
+  margin = int(4 * np.sqrt(_THRESH_SAMPLE * f * (1 - f))) + 2
+  r_lo = max(0, int(f * _THRESH_SAMPLE) - margin)
+  r_hi = min(_THRESH_SAMPLE - 1, int(f * _THRESH_SAMPLE) + margin + 1)
+
+  def one(buf):
+    flat = buf.reshape(-1)
+    if fast:
+      est = np.partition(flat[sample], [r_lo, r_hi])
+      lo, hi = est[r_lo], est[r_hi]
+      below = int(np.count_nonzero(flat < lo))
+      k = lo_i - below
+      if k >= 0:
+        cand = flat[(flat >= lo) & (flat <= hi)]
+        if k + 1 < len(cand):
+          v = np.partition(cand, [k, k + 1])
+          return _lerp(v[k], v[k + 1], gamma)
+    return np.percentile(flat, p, overwrite_input=True)
+
   def run(ks):
     buf = np.empty_like(w)
     out = []
     for k in ks:
       np.multiply(absc[k][:, None], w, out=buf)
-      out.append(np.percentile(buf, p, overwrite_input=True))
+      out.append(one(buf))
     return out
   parts = np.array_split(np.arange(len(absc)), max(1, min(4, os.cpu_count() or 1)))
   with concurrent.futures.ThreadPoolExecutor(len(parts)) as ex:
