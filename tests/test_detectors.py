@@ -640,10 +640,10 @@ def test_shared_scope_gives_identical_scores_and_does_shared_work_once(nonneg, m
     np.testing.assert_array_equal(together[r], alone[r], err_msg=str(r))
   # KNN (both k, also serving CombOOD's k=50) one search, NNGuide (identical presets) one search
   assert calls["topk"] == 2
-  # label+scatter (MDS/RMDS, also serving cosine, fDBD, NCI, DICE), correct (SHE),
-  # scatter about u (ViM / Residual), normalised label+scatter (MDS++/RMDS++), plain scatter
-  # (SSD/NECO), correct on the logits (OpenMax), normalised plain scatter (CombOOD)
-  assert calls["moments"] == 7
+  # label+scatter (MDS/RMDS, also serving cosine, fDBD, NCI, DICE, LINe and, every fit row
+  # having a label, the plain scatter of SSD/NECO and ViM/Residual), correct (SHE), normalised
+  # label+scatter (MDS++/RMDS++, also serving CombOOD), correct on the logits (OpenMax)
+  assert calls["moments"] == 4
   assert not detectors.shared_active()
 
 

@@ -6,12 +6,13 @@ batch_histogram, UniformKernel, kldiv). OpenOOD v1.5 @ 3c35632ee91b54b09d1f085d0
 ships none of these five postprocessors (no preset). Scores must match to 1e-6 relative on
 signed and ReLU-like features, plus a ranking case where each beats MSP.
 """
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special
 
 from fi_jax import detectors
-from fi_jax.detectors import stats, weiper
+from fi_jax.detectors import activation, stats, weiper
 
 from test_detectors import assert_scores, f64, fit_score, make_data
 
@@ -144,6 +145,23 @@ def test_optfs(data, score):
                 ref_optfs(fit, test, head, score), rtol=RTOL)
 
 
+@pytest.mark.parametrize("lo,hi", [(0.0, 1.0), (-3.7, 11.3), (1e-3, 2.9)])
+def test_optfs_bins_equal_searchsorted(lo, hi):
+  """The equal-width bin guess corrected by its neighbouring edges equals numpy's binary search
+  on every entry, including the edges themselves, their neighbours and values out of range."""
+  width = (hi - lo) / 100.0
+  left = np.arange(lo, hi, width)
+  rng = np.random.default_rng(0)
+  edges = np.concatenate([left, left + width])
+  h = np.concatenate([rng.uniform(lo - 1, hi + 1, 5000), edges, np.nextafter(edges, -np.inf),
+                      np.nextafter(edges, np.inf), [lo - 1e9, hi + 1e9, -np.inf, np.inf]])
+  h = h[(h == 0) | (np.abs(h) >= np.finfo(h.dtype).tiny)]   # XLA on CPU flushes subnormals
+  i = np.searchsorted(left, h, side="right") - 1
+  want = np.where((i >= 0) & (h < left[np.maximum(i, 0)] + width), i, -1)
+  got = activation._bins_of(jnp.asarray(h), jnp.asarray(left), jnp.asarray(width))
+  np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_line(data):
   fit, test, head = data
   clip = np.percentile(f64(fit.features), 90)
@@ -151,6 +169,35 @@ def test_line(data):
                 rtol=RTOL)
   assert_scores(fit_score("line", fit, test, head, p_w=50, p_a=30, clip=0.8, block_elems=5000),
                 ref_line(fit, test, head, 50, 30, 0.8), rtol=RTOL)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 10.0, 37.3, 50.0, 90.0, 99.9, 100.0])
+def test_line_weight_thresholds_equal_numpy_percentile(p):
+  """The bracketed selection of LINe's weight thresholds gives np.percentile's bits (D*C large
+  enough for the bracket; p = 0 / 100 and tied products take the plain path or the fallback)."""
+  rng = np.random.default_rng(1)
+  w = rng.normal(size=(128, 600))
+  w[:, :40] = 0.5                                        # ties among the products
+  absc = np.abs(rng.normal(size=(12, 128)))
+  absc[3] = 0.0                                          # a class with all-zero contributions
+  want = np.array([np.percentile(a[:, None] * w, p) for a in absc])
+  got = activation._line_weight_thresholds(absc, w, p)
+  np.testing.assert_array_equal(got, want)
+
+
+def test_line_class_sorted_blocks_equal_one_call(data, monkeypatch):
+  """Scoring rows sorted by predicted class in blocks of SCORE_BLOCK rows (the last one padded
+  with rows of no class) gives the scores of one call on the whole set, in the input order."""
+  from fi_jax.detectors import core
+  fit, test, head = data
+  det = detectors.build("line", block_elems=3000)
+  state = det.fit(fit, head)
+  monkeypatch.setattr(core, "SCORE_BLOCK", None)
+  whole = np.asarray(det.score(state, test))
+  monkeypatch.setattr(core, "SCORE_BLOCK", 64)        # 3 blocks, the last one padded by 42 rows
+  blocked = np.asarray(det.score(state, test))
+  assert blocked.shape == whole.shape == (len(test.features),)
+  np.testing.assert_allclose(blocked, whole, rtol=1e-12, atol=1e-12)
 
 
 def test_weiper(data):

@@ -198,6 +198,18 @@ def _residual_norm(h, u, q):
   return jnp.linalg.norm(matmul(fc(h) - u, q), axis=-1)
 
 
+def _centre_eigh(train, head):
+  """(u = -pinv(W) b, eigenvectors of Sigma_u by ascending eigenvalue)."""
+  cd = cdtype()
+  w = jnp.asarray(head.w, cd)
+  u = -matmul(jnp.linalg.pinv(w.T), jnp.asarray(head.b, cd))
+  # the plain scatter pass about the data's mean (shared with MDS, SSD, NECO), moved to u
+  st = stats.moments(train, scatter=True)
+  cov = jnp.asarray(stats.second_moment(st, np.asarray(u, np.float64)), cd)
+  _, vecs = jnp.linalg.eigh(0.5 * (cov + cov.T))        # ascending eigenvalues
+  return u, vecs
+
+
 class Residual(Detector):
   """-|Q^T (h - u)| (ViM's baseline): u = -pinv(W) b (W = w^T, [C, D]), Q = eigenvectors of the
   D - dim smallest eigenvalues of Sigma_u = (1/N) sum_i (h_i - u)(h_i - u)^T (second moment
@@ -222,14 +234,12 @@ class Residual(Detector):
     return dim
 
   def _subspace(self, train, head):
-    cd = cdtype()
-    w = jnp.asarray(head.w, cd)
-    u = -matmul(jnp.linalg.pinv(w.T), jnp.asarray(head.b, cd))
-    dim = self._dim(int(w.shape[0]))
-    st = stats.moments(train, scatter=True, shift=np.asarray(u, np.float64))
-    cov = jnp.asarray(st["scatter"] / st["n"], cd)
-    _, vecs = jnp.linalg.eigh(0.5 * (cov + cov.T))        # ascending eigenvalues
-    return u, vecs[:, :w.shape[0] - dim]
+    d = int(np.shape(head.w)[0])
+    dim = self._dim(d)
+    # u and the eigenvectors do not depend on dim: one pinv and one eigh for residual and vim
+    # in both presets inside detectors.shared()
+    u, vecs = shared.memo((train, head), ("residual_eigh",), lambda: _centre_eigh(train, head))
+    return u, vecs[:, :d - dim]
 
   def _fit(self, train, head):
     u, q = self._subspace(train, head)

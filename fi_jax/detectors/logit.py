@@ -172,7 +172,8 @@ class KLMatching(Detector):
   Terms with p_i = 0 contribute 0 and q_i = 0 < p_i gives +inf (both variants).
   variant='openood': p and the templates are renormalised to sum 1 first (scipy.stats.entropy);
   variant='ninco': the plain sum over p_i != 0 (NINCO / ViM repo). Computed as
-  sum_i p_i log p_i - p @ log(d)^T (one [N, C] x [C, C] matmul, float64)."""
+  sum_i p_i log p_i - p @ log(d)^T (one [N, C] x [C, C] matmul, float64; where a template has a
+  zero entry, one more in float32 counts the entries with p_i > 0 = d_ki, exactly)."""
   name, needs = "klm", frozenset({"logits"})
   fit_needs = frozenset({"logits"})
   defaults = {"variant": "ninco"}
@@ -209,7 +210,8 @@ class KLMatching(Detector):
     p = jnp.exp(logp)
     neg_ent = jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
     kl = neg_ent[:, None] - matmul(p, state["log_templates"].T)
-    kl = jax.lax.cond(state["any_zero"],
-                      lambda: jnp.where(matmul(p, state["zero"].T) > 0, jnp.inf, kl),
-                      lambda: kl)
+    # +inf where some p_i > 0 meets d_ki = 0: a count of such i, exact in float32 (0/1 entries,
+    # sums < 2^24) and ~2x cheaper than a float64 matmul
+    hits = lambda: matmul((p > 0).astype(jnp.float32), state["zero"].T.astype(jnp.float32))
+    kl = jax.lax.cond(state["any_zero"], lambda: jnp.where(hits() > 0, jnp.inf, kl), lambda: kl)
     return -jnp.min(kl, axis=-1)

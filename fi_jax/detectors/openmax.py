@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import stats
-from fi_jax.detectors.core import Detector, Outputs, cdtype, fc, matmul, require
+from fi_jax.detectors.core import HIGHEST, Detector, Outputs, cdtype, fc, require
 
 
 _LIBMR_TOL = 1e-6                       # weibull_fit's `tol` in libMR 0.1.9
@@ -130,14 +130,6 @@ def weibull_fit_high(tails: np.ndarray, mask: np.ndarray):
   return scale, shape, small, valid
 
 
-@jax.jit
-def _distances(z, mav, mav_sq):
-  """Euclidean distances [N, C] of logit rows to every class mean (compute dtype)."""
-  z = fc(z)
-  d2 = jnp.sum(z * z, -1, keepdims=True) - 2.0 * matmul(z, mav.T) + mav_sq[None, :]
-  return jnp.sqrt(jnp.maximum(d2, 0.0))
-
-
 def _logits_view(train):
   """The fit set with the logits in place of the features (class means of the logits)."""
   for _, chunk in stats.chunks(train):
@@ -206,18 +198,26 @@ class OpenMax(Detector):
 
   def _score(self, state, features, logits):
     z = fc(logits)
-    d = _distances(z, state["mav"], state["mav_sq"])
-    y = d + 1.0 - state["small"]
-    ok = state["valid"][None, :] & (y >= 0)
-    w = jnp.where(ok, -jnp.expm1(-(jnp.where(ok, y, 0.0) / state["scale"]) ** state["shape"]),
-                  0.0)
     a = int(self.hparams["alpha"])
     a_eff = min(a, z.shape[-1])
-    _, top = jax.lax.top_k(z, a_eff)
+    # omega is 0 off the top-alpha logits, so w_c is needed only there: the distances and the
+    # Weibull CDF of those alpha classes per row ([N, alpha], not [N, C]). The top-k selects on
+    # the model's float32 logits when they are float32 (the same order and ties as in the
+    # compute dtype; a float64 top-k is ~100x slower on CPUs)
+    raw = jnp.asarray(logits)
+    _, top = jax.lax.top_k(raw if raw.dtype == jnp.float32 else z, a_eff)
+    d2 = (jnp.sum(z * z, -1, keepdims=True)
+          - 2.0 * jnp.einsum("nc,nkc->nk", z, state["mav"][top], precision=HIGHEST)
+          + state["mav_sq"][top])
+    y = jnp.sqrt(jnp.maximum(d2, 0.0)) + 1.0 - state["small"][top]
+    ok = state["valid"][top] & (y >= 0)
+    w = jnp.where(ok, -jnp.expm1(-(jnp.where(ok, y, 0.0) / state["scale"][top])
+                                 ** state["shape"][top]), 0.0)
     weights = (a - jnp.arange(a_eff, dtype=z.dtype)) / a
-    omega = jnp.zeros_like(z).at[jnp.arange(z.shape[0])[:, None], top].set(weights[None, :])
-    v = z * (1.0 - w * omega)
-    v0 = jnp.sum(z * w * omega, -1)
+    zt = jnp.take_along_axis(z, top, -1)
+    rows = jnp.arange(z.shape[0])[:, None]
+    v = z.at[rows, top].set(zt * (1.0 - w * weights))
+    v0 = jnp.sum(zt * w * weights, -1)
     lse = jnp.logaddexp(jax.nn.logsumexp(v, -1), v0)
     return -jnp.exp(v0 - lse)
 

@@ -10,6 +10,9 @@ Scatter matrices are accumulated about a fixed shift K (the first chunk's mean, 
 centre such as ViM's u) and corrected at the end: sum_i (h_i - m)(h_i - m)^T =
 S_K - n (m - K)(m - K)^T; within-class scatter = S_K - sum_c n_c (mu_c - K)(mu_c - K)^T.
 
+A pass with a group in which every row has a class also serves a plain scatter request about
+the same shift (inside `detectors.shared()`): MDS's pass serves SSD, NECO, Residual and ViM.
+
 Sampling (quantiles, TempScale, ViM's alpha from a one-shot iterator, NNGuide's bank) uses a
 seeded hash of the *global row index* (splitmix64), so the sample does not depend on batching:
 * `RowSample(max_rows)`: the `max_rows` rows with the smallest keys (a uniform random subset
@@ -222,9 +225,26 @@ def _moments_chunk(features, logits, labels, shift, *, num_classes: int, group: 
     out["sum_grp"] = jnp.sum(h * m[:, None], 0)
   if scatter:
     x = h - shift.astype(cd)
-    xm = x if m is None else x * m[:, None]
-    out["scatter"] = jnp.matmul(xm.T, x, precision=HIGHEST)
+    out["scatter"] = gram(x if m is None else x * m[:, None])    # m in {0, 1}: m = m^2
   return out
+
+
+GRAM_BLOCK = 256
+
+
+def gram(x) -> jax.Array:
+  """x^T x [D, D] (symmetric, exactly): the blocks on and above the diagonal, in column blocks
+  of GRAM_BLOCK, the others their transposes (~1/3 fewer flops than the full product at
+  D = 768; the scatter matrices are the fit's main cost)."""
+  d = x.shape[1]
+  cuts = list(range(0, d, GRAM_BLOCK)) + [d]
+  if len(cuts) <= 2:
+    return jnp.matmul(x.T, x, precision=HIGHEST)
+  cols = [x[:, a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+  up = {(i, j): jnp.matmul(cols[i].T, cols[j], precision=HIGHEST)
+        for i in range(len(cols)) for j in range(i, len(cols))}
+  return jnp.block([[up[(i, j)] if i <= j else up[(j, i)].T for j in range(len(cols))]
+                    for i in range(len(cols))])
 
 
 def add_sums(total: Optional[dict], part: dict) -> dict:
@@ -246,12 +266,14 @@ def moments(train, *, num_classes: int = 0, group: Optional[str] = None, scatter
     return _moments(train, num_classes, group, scatter, shift, on_chunk)
   shift_key = None if shift is None else np.asarray(shift, np.float64).tobytes()
 
-  def serves(extra, _):
+  def serves(extra, value):
     if extra[0] != "moments":
       return False
     _, g, nc, sc, sk = extra
     if group is None and not scatter:
       return True                         # every pass has n and sum over all rows
+    if group is None and g is not None and sc and sk == shift_key and value["n_grp"] == value["n"]:
+      return True                         # every row has a class: its scatter is the plain one
     return g == group and nc == num_classes and (sc or not scatter) and (
         not scatter or sk == shift_key)
   hit = shared.lookup((train,), (), serves)
@@ -299,6 +321,16 @@ def within_class_cov(st: dict) -> np.ndarray:
   a = st["class_sum"] - cnt[:, None] * st["shift"][None, :]          # n_c (mu_c - K)
   a = a[cnt > 0] / np.sqrt(cnt[cnt > 0])[:, None]
   return (st["scatter"] - a.T @ a) / st["n_grp"]
+
+
+def second_moment(st: dict, centre: np.ndarray) -> np.ndarray:
+  """(1/n) sum_i (h_i - c)(h_i - c)^T over the rows of a plain pass (group None), c = `centre`:
+  its scatter about the shift K moved to c (h - c = (h - K) + (K - c)), so that one pass about
+  the data's own mean serves any centre (ViM's u) with no cancellation."""
+  n = st["n"]
+  d = st["shift"] - np.asarray(centre, np.float64)
+  s = st["sum"] - n * st["shift"]                                   # sum_i (h_i - K)
+  return (st["scatter"] + np.outer(s, d) + np.outer(d, s) + n * np.outer(d, d)) / n
 
 
 def grouped_cov(st: dict) -> np.ndarray:
