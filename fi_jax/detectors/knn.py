@@ -399,7 +399,7 @@ class Relation(Detector):
   relative at 100k x 50k). It is therefore not knn's float32 bank."""
   name, needs = "relation", frozenset({"features", "logits"})
   fit_needs = frozenset({"features", "logits"})
-  defaults = {"pow": 1, "thres": 0.03, "query_block": 256, "bank_block": 16384}
+  defaults = {"pow": 1, "thres": 0.03, "query_block": 512, "bank_block": 8192}
   presets = {"openood": {"pow": 1}}
   score_only = frozenset({"pow", "thres", "query_block", "bank_block"})
 
