@@ -189,6 +189,67 @@ def test_relation(data, power, thres):
                           bank_block=70), ref, rtol=RTOL)
 
 
+def near_cutoff_data(thres=0.03, seed=0):
+  """float64 fit / test rows where many pairs have r_ij within 1e-11..1e-9 of thres (a float32
+  kernel decides about half of them wrongly), as (fit, test, adversarial pair mask). Queries
+  0-7: 8 near-cut-off bank rows each (bank rows 0-63); queries 8-10: one each (rows 64-66);
+  queries 16-23 are one query repeated, and each of bank rows 128-191 is near the cut-off for
+  all eight of them (512 pairs in one 8 x 64 block pair); the other rows are random."""
+  rng = np.random.default_rng(seed)
+  d, c, n_fit, n_test = 48, 12, 256, 32
+  ht, zt = rng.normal(size=(n_test, d)), 3.0 * rng.normal(size=(n_test, c))
+  ht[16:24], zt[16:24] = ht[16], zt[16]
+  hf, zf = rng.normal(size=(n_fit, d)), 3.0 * rng.normal(size=(n_fit, c))
+  owner = np.full(n_fit, -1)
+  owner[:64], owner[64:67], owner[128:192] = np.arange(64) // 8, [8, 9, 10], 16
+  ft = ht / np.linalg.norm(ht, axis=1, keepdims=True)
+  for j in np.flatnonzero(owner >= 0):
+    i = owner[j]
+    zf[j] = zt[i] + 0.1 * rng.normal(size=c)
+    pp = softmax(zt[i:i + 1]) @ softmax(zf[j:j + 1]).T
+    s = (thres + rng.choice([-1, 1]) * 10 ** rng.uniform(-11, -9)) / pp[0, 0]
+    v = rng.normal(size=d)
+    v -= (v @ ft[i]) * ft[i]
+    hf[j] = (s * ft[i] + np.sqrt(1 - s * s) * v / np.linalg.norm(v)) * rng.uniform(0.5, 2)
+  fit, test = detectors.Outputs(hf, zf), detectors.Outputs(ht, zt)
+  mask = np.zeros((n_test, n_fit), bool)
+  mask[owner[owner >= 0], np.flatnonzero(owner >= 0)] = True
+  mask[16:24, 128:192] = True
+  return fit, test, mask
+
+
+@pytest.fixture
+def small_fix_caps(monkeypatch):
+  """Relation's float64 recomputation capacities lowered to 4 and 64 pairs a block pair (so the
+  near-cut-off data takes every branch: none, <= 4, <= 64 and the dense float64 block)."""
+  from fi_jax.detectors import knn as knn_lib
+  knn_lib.relation_sums.clear_cache()
+  monkeypatch.setattr(knn_lib, "_FIX_CAPS", (4, 64))
+  yield
+  knn_lib.relation_sums.clear_cache()
+
+
+@pytest.mark.parametrize("caps", ["default", "small"])
+@pytest.mark.parametrize("power", [1, 2])
+def test_relation_pairs_at_the_cutoff(caps, power, request):
+  """Pairs within 1e-9 of the cut-off are decided as in float64 (the float32 kernels alone get
+  many of them wrong: checked here), in every recomputation branch."""
+  if caps == "small":
+    request.getfixturevalue("small_fix_caps")
+  fit, test, mask = near_cutoff_data()
+  ref = ref_relation(fit, test, power, 0.03)
+  nrm = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  r64 = (np.clip(nrm(test.features) @ nrm(fit.features).T, 0, None)
+         * (softmax(test.logits) @ softmax(fit.logits).T))
+  f32 = lambda x: np.asarray(x, np.float32)
+  r32 = (np.clip(f32(nrm(test.features)) @ f32(nrm(fit.features)).T, 0, None)
+         * (f32(softmax(test.logits)) @ f32(softmax(fit.logits)).T))
+  assert (np.abs(r64 - 0.03)[mask] < 2e-9).all()
+  assert ((r32 > 0.03) != (r64 > 0.03))[mask].sum() >= 20         # float32 alone flips pairs
+  for hp in ({}, {"query_block": 8, "bank_block": 64}):
+    assert_scores(fit_score("relation", fit, test, None, pow=power, **hp), ref, rtol=RTOL)
+
+
 def test_openmax(data):
   fit, test, head = data
   assert_scores(fit_score("openmax", fit, test, head), ref_openmax(fit, test), rtol=RTOL)

@@ -272,36 +272,108 @@ class NNGuide(_BankDetector):
 
 # ----------------------------------------------------------------------------- Relation
 
+_U32 = 2.0 ** -24            # float32 unit roundoff
+_FIX_CAPS = (512, 8192)      # pairs recomputed in float64 by gathering, per block pair
+
+
+def relation_band(d: int, c: int) -> tuple[float, float]:
+  """(k1, k2): a rigorous bound |r - r32| <= k1 pp32 + k2 r32 on the error of r32 =
+  fl32(max(s32, 0) pp32), s32 and pp32 the float32 dot products (any summation order) of the
+  float32-rounded float64 unit features (width d) and softmaxes (width c), r the exact r_ij.
+
+  With gamma_n = n u / (1 - n u) (u = 2^-24): |s32 - s| <= gamma_{d+2} sum|f_i g_i| <=
+  gamma_{d+2} (Cauchy-Schwarz; +2: the rounding of both inputs), and, all terms >= 0,
+  |pp32 - pp| <= gamma_{c+2} pp, pp <= pp32 / (1 - gamma_{c+2}); so |r - a' b'| <= |s - s32| pp
+  + a' |pp - pp32| (a' = max(s32, 0)) and the product adds u r32. Both factors carry 2^-10 of
+  safety for evaluating the band in float32."""
+  gamma = lambda n: n * _U32 / (1 - n * _U32)
+  gc = gamma(c + 2)
+  k1 = gamma(d + 2) * (1 + 4 * _U32) / (1 - gc)
+  k2 = (gc / (1 - gc) + _U32) / (1 - _U32)
+  return k1 * (1 + 2.0 ** -10), k2 * (1 + 2.0 ** -10)
+
+
+def _dot64(a, b):
+  return jnp.matmul(a, b.T, precision=HIGHEST)
+
+
 @functools.partial(jax.jit, static_argnames=("power", "query_block", "bank_block"))
-def relation_sums(feats, probs, bank, prob_bank, n_valid, thres, *, power: int, query_block: int,
-                  bank_block: int):
+def relation_sums(feats, probs, bank, prob_bank, n_valid, thres, *,
+                  power: int, query_block: int, bank_block: int):
   """sum_j [r_ij > thres] r_ij^power, r_ij = max(<f_i, b_j>, 0) <p_i, q_j>, over the first
-  n_valid bank rows (compute dtype; bank blocks of `bank_block` rows, query blocks of
-  `query_block` rows: the [N, N_bank] kernel never exists whole)."""
+  n_valid bank rows, as computed in the compute dtype (bank blocks of `bank_block` rows, query
+  blocks of `query_block` rows: the [N, N_bank] kernel never exists whole).
+
+  Under x64 both kernels are float32 matmuls (of the float64 bank and queries rounded to
+  float32; about twice as fast as float64). `relation_band` bounds each r32's error, and the
+  pairs whose r32 lies within it of thres are recomputed in float64 from the float64 rows
+  (gathered, up to _FIX_CAPS[-1] pairs a block pair; past that the block pair is recomputed
+  densely in float64), so every cut-off decision is the float64 one. The other accepted pairs
+  add their float32 r in float64: a float32 rounding of each term, ~1e-7 relative to the sum
+  (the tests ask 1e-6), where a flipped decision would move it by thres."""
   cd = fc(0.0).dtype
   n, d = feats.shape
+  c = probs.shape[1]
   qb = max(1, min(query_block, n))
   nq = math.ceil(n / qb)
   pad = lambda x: jnp.pad(x, ((0, nq * qb - n), (0, 0))).reshape(nq, qb, x.shape[1])
   nbank = bank.shape[0]
   bb = max(1, min(bank_block, nbank))
   nblocks = math.ceil(nbank / bb)
+  thres = jnp.asarray(thres, cd)
+  fast = cd == jnp.float64
+  if fast:
+    bank32, prob_bank32 = bank.astype(jnp.float32), prob_bank.astype(jnp.float32)
+    k1, k2 = relation_band(d, c)
+    t32 = thres.astype(jnp.float32)
+    slack = (thres * 2.0 ** -20 + 2.0 ** -100).astype(jnp.float32)   # t32's and lo/hi's rounding
+
+  def dense64(f, p, start, ok):
+    fb = lax.dynamic_slice_in_dim(bank, start, bb, axis=0).astype(cd)
+    pb = lax.dynamic_slice_in_dim(prob_bank, start, bb, axis=0).astype(cd)
+    r = jnp.maximum(_dot64(f, fb), 0.0) * _dot64(p, pb)
+    return jnp.sum(jnp.where((r > thres) & ok[None, :], r ** power, 0.0), -1)
+
+  def fix64(cap, f, p, start, unsure, acc):
+    """acc + the float64 contributions of the unsure pairs (at most cap of them)."""
+    idx = selection.kept_indices(unsure.reshape(1, -1), cap)[0]
+    live = idx < unsure.size
+    qi, col = jnp.minimum(idx // bb, qb - 1), start + idx % bb
+    r = (jnp.maximum(jnp.sum(f[qi] * bank[col].astype(cd), -1), 0.0)
+         * jnp.sum(p[qi] * prob_bank[col].astype(cd), -1))
+    return acc.at[qi].add(jnp.where(live & (r > thres), r ** power, 0.0))
 
   def one(args):
-    f, p = args
+    f, p, f32, p32 = args
 
     def block(i, acc):
       start = jnp.minimum(i * bb, nbank - bb)
-      fb = lax.dynamic_slice_in_dim(bank, start, bb, axis=0).astype(cd)
-      pb = lax.dynamic_slice_in_dim(prob_bank, start, bb, axis=0).astype(cd)
       rows = start + jnp.arange(bb)
-      r = (jnp.maximum(jnp.matmul(f, fb.T, precision=HIGHEST), 0.0)
-           * jnp.matmul(p, pb.T, precision=HIGHEST))
-      keep = (r > thres) & (rows >= i * bb)[None, :] & (rows < n_valid)[None, :]
-      return acc + jnp.sum(jnp.where(keep, r ** power, 0.0), -1)
+      ok = (rows >= i * bb) & (rows < n_valid)
+      if not fast:
+        return acc + dense64(f, p, start, ok)
+      fb = lax.dynamic_slice_in_dim(bank32, start, bb, axis=0)
+      pb = lax.dynamic_slice_in_dim(prob_bank32, start, bb, axis=0)
+      s = lax.dot_general(f32, fb, (((1,), (1,)), ((), ())), precision=HIGHEST,
+                          preferred_element_type=jnp.float32)
+      pp = lax.dot_general(p32, pb, (((1,), (1,)), ((), ())), precision=HIGHEST,
+                           preferred_element_type=jnp.float32)
+      a = jnp.maximum(s, 0.0)
+      r = a * pp
+      w = k1 * pp + k2 * r + slack
+      sure = ok[None, :] & (r > t32 + w)
+      unsure = ok[None, :] & ~(r > t32 + w) & ~(r < t32 - w)    # NaN too
+      part = jnp.sum(jnp.where(sure, (a.astype(cd) * pp.astype(cd)) ** power, 0.0), -1)
+      count = jnp.sum(unsure, dtype=jnp.int32)
+      branch = jnp.sum(count > jnp.asarray((0,) + _FIX_CAPS))
+      return acc + lax.switch(branch, [
+          lambda: part,
+          *[functools.partial(fix64, cap, f, p, start, unsure, part) for cap in _FIX_CAPS],
+          lambda: dense64(f, p, start, ok)])
     return lax.fori_loop(0, nblocks, block, jnp.zeros((f.shape[0],), cd))
 
-  out = lax.map(one, (pad(feats.astype(cd)), pad(probs.astype(cd))))
+  f, p = feats.astype(cd), probs.astype(cd)
+  out = lax.map(one, (pad(f), pad(p), pad(f.astype(jnp.float32)), pad(p.astype(jnp.float32))))
   return out.reshape(-1)[:n]
 
 
@@ -320,13 +392,14 @@ class Relation(Detector):
   """Relation (Kim et al. NeurIPS 2023, as OpenOOD's `relation` postprocessor): with f = h / |h|
   and p = softmax(z), s = sum_j [r_j > thres] r_j^pow over all fit rows j,
   r_j = max(<f, f_j>, 0) <p, p_j>. pow = 1 (OpenOOD), thres = 0.03 (official code). The bank
-  (unit fit features and fit softmaxes) is kept in the compute dtype (float64 under x64) and the
-  kernel is summed blockwise in it, so which r_j pass the cut-off is decided in float64: a
-  float32 bank moves r_j by ~1e-8 and flips the pairs that close to 0.03 (1.7e-5 relative at
-  100k x 50k). It is therefore not knn's float32 bank."""
+  (unit fit features and fit softmaxes) is kept in the compute dtype (float64 under x64): the
+  kernels are float32 matmuls, but which r_j pass the cut-off is decided in float64 (pairs
+  within float32's error bound of it are recomputed from the float64 bank; `relation_sums`): a
+  float32 kernel alone moves r_j by ~1e-8 and flips the pairs that close to 0.03 (1.7e-5
+  relative at 100k x 50k). It is therefore not knn's float32 bank."""
   name, needs = "relation", frozenset({"features", "logits"})
   fit_needs = frozenset({"features", "logits"})
-  defaults = {"pow": 1, "thres": 0.03, "query_block": 256, "bank_block": 16384}
+  defaults = {"pow": 1, "thres": 0.03, "query_block": 512, "bank_block": 8192}
   presets = {"openood": {"pow": 1}}
   score_only = frozenset({"pow", "thres", "query_block", "bank_block"})
 
