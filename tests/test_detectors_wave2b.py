@@ -242,6 +242,25 @@ def test_weiper_kld_fit_in_row_blocks_equals_one_block(data, monkeypatch):
     np.testing.assert_allclose(np.asarray(blocked[k]), np.asarray(whole[k]), rtol=1e-12, atol=0)
 
 
+@pytest.mark.parametrize("ties", [False, True])
+def test_weiper_kld_fit_minmax_equals_the_full_pass(data, monkeypatch, ties):
+  # the float32 bounds pass + reruns of the blocks that may hold an extreme give the min / max
+  # of a full compute-dtype pass bit for bit, rerunning few blocks (all blocks when every row
+  # is the same and so holds both extremes)
+  fit, _, head = data
+  h = np.repeat(fit.features[:1], len(fit.features), 0) if ties else fit.features
+  wt, bt = weiper.perturbed_head(head.w, head.b, repeats=6, delta=2.1, seed=0)
+  monkeypatch.setattr(weiper, "FIT_BLOCK_ROWS", 20)
+  full = [np.asarray(weiper._minmax_chunk(h[i:i + 20], wt, bt)) for i in range(0, len(h), 20)]
+  want = [min(p[0] for p in full), max(p[1] for p in full), min(p[2] for p in full),
+          max(p[3] for p in full)]
+  reruns = []
+  chunk = weiper._minmax_chunk
+  monkeypatch.setattr(weiper, "_minmax_chunk", lambda *a: reruns.append(1) or chunk(*a))
+  np.testing.assert_array_equal(weiper._fit_minmax(h, wt, bt), want)
+  assert len(reruns) == len(full) if ties else 1 <= len(reruns) <= 4
+
+
 def test_weiper_kld_subsampled_fit_uses_the_seeded_rows(data):
   fit, test, head = data
   smp = stats.RowSample(200, 0, ("features",))

@@ -194,6 +194,43 @@ def _minmax_chunk(h, wt, bt):
   return jnp.stack([hh.min(), hh.max(), z.min(), z.max()])
 
 
+@jax.jit
+def _logit_bounds(h, wt, bt, wt_norms):
+  """([4, B] per row: lower and upper bounds on the min of z~, lower and upper bounds on its
+  max; [2] min, max of h) from a float32 matmul. With S = sum_k |h_k w~_kc| <= |h| |w~_c|, the
+  float32 dot of h rounded to float32 is within (gamma_D + u) S of the exact h w~_c (any
+  summation order; u = 2^-24, gamma_D = D u / (1 - D u)) and the compute-dtype one within
+  gamma_D S: 3 D u |h| |w~_c|, plus 4 ulps of z~ for the bias additions and D float32 tiny
+  for flushed subnormals, bounds their distance."""
+  hh = fc(h)
+  z = fc(matmul(jnp.asarray(h, jnp.float32), jnp.asarray(wt, jnp.float32))) + fc(bt)
+  d, f32 = h.shape[1], np.finfo(np.float32)
+  err = ((1.5 * d * float(f32.eps)) * jnp.linalg.norm(hh, axis=1)[:, None] * fc(wt_norms)
+         + 4 * jnp.finfo(cdtype()).eps * jnp.abs(z) + d * float(f32.tiny))
+  lo, hi = z - err, z + err
+  return (jnp.stack([lo.min(1), hi.min(1), lo.max(1), hi.max(1)]),
+          jnp.stack([hh.min(), hh.max()]))
+
+
+def _fit_minmax(h, wt, bt) -> np.ndarray:
+  """[min h, max h, min z~, max z~] over the fit rows, equal to a pass of _minmax_chunk over
+  all FIT_BLOCK_ROWS blocks: a float32 pass bounds every row's extremes, and _minmax_chunk
+  reruns only the blocks with a row that can hold the minimum or the maximum of z~ (rows
+  whose lower bound on the min is above the least upper bound cannot, and likewise for the
+  max). Saves most of a compute-dtype matmul pass."""
+  starts = range(0, len(h), FIT_BLOCK_ROWS)   # the last one shorter: at most two compiles
+  norms = jnp.asarray(np.linalg.norm(np.asarray(wt, np.float64), axis=0), cdtype())
+  parts = [_logit_bounds(h[i:i + FIT_BLOCK_ROWS], wt, bt, norms) for i in starts]
+  rb = np.concatenate([np.asarray(p[0], np.float64) for p in parts], axis=1)
+  hb = np.stack([np.asarray(p[1], np.float64) for p in parts])
+  may_hold = (rb[0] <= rb[1].min()) | (rb[3] >= rb[2].max())
+  mm = np.array([hb[:, 0].min(), hb[:, 1].max(), np.inf, -np.inf])
+  for i in sorted({int(r) // FIT_BLOCK_ROWS * FIT_BLOCK_ROWS for r in np.flatnonzero(may_hold)}):
+    part = np.asarray(_minmax_chunk(h[i:i + FIT_BLOCK_ROWS], wt, bt), np.float64)
+    mm[2], mm[3] = min(mm[2], part[2]), max(mm[3], part[3])
+  return mm
+
+
 @functools.partial(jax.jit, static_argnames=("nbins",))
 def _density_sums(h, wt, bt, edges_h, edges_z, *, nbins: int):
   del nbins
@@ -243,17 +280,12 @@ class WeiPerKLD(Detector):
       sample.add(start, chunk)
     h = sample.result()["features"]
     nb = int(hp["n_bins"])
-    blocks = range(0, len(h), FIT_BLOCK_ROWS)   # the last one shorter: at most two compiles
-    mm = None
-    for i in blocks:
-      part = np.asarray(_minmax_chunk(h[i:i + FIT_BLOCK_ROWS], st["wt"], st["bt"]), np.float64)
-      mm = part if mm is None else np.array([min(mm[0], part[0]), max(mm[1], part[1]),
-                                             min(mm[2], part[2]), max(mm[3], part[3])])
+    mm = _fit_minmax(h, st["wt"], st["bt"])
     edges_h = np.linspace(mm[0], mm[1] + 1e-8, nb + 1)
     edges_z = np.linspace(mm[2], mm[3] + 1e-8, nb + 1)
     cd = cdtype()
     total = None
-    for i in blocks:
+    for i in range(0, len(h), FIT_BLOCK_ROWS):   # the last one shorter: at most two compiles
       total = stats.add_sums(total, _density_sums(
           h[i:i + FIT_BLOCK_ROWS], st["wt"], st["bt"], jnp.asarray(edges_h, cd),
           jnp.asarray(edges_z, cd), nbins=nb))
