@@ -41,9 +41,10 @@ def _weiper_state(det, head) -> dict:
   return {"wt": jnp.asarray(wt), "bt": jnp.asarray(bt)}
 
 
-def _perturbed_logits(h, state, repeats: int):
-  """[B, r, C] perturbed logits in the compute dtype."""
-  z = matmul(fc(h), fc(state["wt"])) + fc(state["bt"])
+def _perturbed_logits(h, wt, bt, repeats: int):
+  """[B, r, C] perturbed logits; wt, bt in the compute dtype (converted once, outside the loop
+  over row blocks: XLA does not hoist a size-increasing convert out of a loop)."""
+  z = matmul(fc(h), wt) + bt
   return z.reshape(h.shape[0], int(repeats), -1)
 
 
@@ -86,8 +87,8 @@ class WeiPer(Detector):
     return _weiper_state(self, head)
 
   def _score(self, state, features, logits):
-    return _map_blocks(lambda h: _log_mean_msp(_perturbed_logits(h, state, self.hparams["repeats"])),
-                       features,
+    wt, bt, r = fc(state["wt"]), fc(state["bt"]), self.hparams["repeats"]
+    return _map_blocks(lambda h: _log_mean_msp(_perturbed_logits(h, wt, bt, r)), features,
                        int(self.hparams["block_rows"]))
 
 
@@ -220,13 +221,14 @@ def _fit_minmax(h, wt, bt) -> np.ndarray:
   max). Saves most of a compute-dtype matmul pass."""
   starts = range(0, len(h), FIT_BLOCK_ROWS)   # the last one shorter: at most two compiles
   norms = jnp.asarray(np.linalg.norm(np.asarray(wt, np.float64), axis=0), cdtype())
+  wt_c = fc(wt)   # for the reruns: converted once
   parts = [_logit_bounds(h[i:i + FIT_BLOCK_ROWS], wt, bt, norms) for i in starts]
   rb = np.concatenate([np.asarray(p[0], np.float64) for p in parts], axis=1)
   hb = np.stack([np.asarray(p[1], np.float64) for p in parts])
   may_hold = (rb[0] <= rb[1].min()) | (rb[3] >= rb[2].max())
   mm = np.array([hb[:, 0].min(), hb[:, 1].max(), np.inf, -np.inf])
   for i in sorted({int(r) // FIT_BLOCK_ROWS * FIT_BLOCK_ROWS for r in np.flatnonzero(may_hold)}):
-    part = np.asarray(_minmax_chunk(h[i:i + FIT_BLOCK_ROWS], wt, bt), np.float64)
+    part = np.asarray(_minmax_chunk(h[i:i + FIT_BLOCK_ROWS], wt_c, bt), np.float64)
     mm[2], mm[3] = min(mm[2], part[2]), max(mm[3], part[3])
   return mm
 
@@ -284,10 +286,11 @@ class WeiPerKLD(Detector):
     edges_h = np.linspace(mm[0], mm[1] + 1e-8, nb + 1)
     edges_z = np.linspace(mm[2], mm[3] + 1e-8, nb + 1)
     cd = cdtype()
+    wt_c = fc(st["wt"])   # converted once for all blocks
     total = None
     for i in range(0, len(h), FIT_BLOCK_ROWS):   # the last one shorter: at most two compiles
       total = stats.add_sums(total, _density_sums(
-          h[i:i + FIT_BLOCK_ROWS], st["wt"], st["bt"], jnp.asarray(edges_h, cd),
+          h[i:i + FIT_BLOCK_ROWS], wt_c, st["bt"], jnp.asarray(edges_h, cd),
           jnp.asarray(edges_z, cd), nbins=nb))
     return {**st, "edges_h": jnp.asarray(edges_h, cd), "edges_z": jnp.asarray(edges_z, cd),
             "dens_h": jnp.asarray(total["dens_h"] / total["n"], cd),
@@ -298,9 +301,10 @@ class WeiPerKLD(Detector):
     nb = int(hp["n_bins"])
     s_h = jnp.asarray(smoothing_matrix(nb, int(hp["smoothing"])), cdtype())
     s_z = jnp.asarray(smoothing_matrix(nb, int(hp["smoothing_perturbed"])), cdtype())
+    wt, bt = fc(state["wt"]), fc(state["bt"])
 
     def block(h):
-      z = _perturbed_logits(h, state, hp["repeats"])
+      z = _perturbed_logits(h, wt, bt, hp["repeats"])
       msp = jnp.mean(jnp.exp(log_max_softmax(z)), -1)
       kl_h = _sym_kl(state["dens_h"], _histograms(fc(h), state["edges_h"]), s_h,
                      float(hp["epsilon"]))
