@@ -163,6 +163,21 @@ def test_weiper(data):
                             block_rows=64), ref, rtol=RTOL)
 
 
+def test_perturbed_head_is_the_seeded_draw(data):
+  # bit for bit the float64 formula w + (delta |w_c| n / |n|)^T per repeat, cast to float32
+  _, _, head = data
+  w = f64(head.w)
+  rng = np.random.default_rng(5)
+  want = []
+  for _ in range(3):
+    n = rng.standard_normal((w.shape[1], w.shape[0]))
+    n = n / np.linalg.norm(n, axis=1, keepdims=True)
+    want.append(w + (0.7 * np.linalg.norm(w, axis=0)[:, None] * n).T)
+  wt, bt = weiper.perturbed_head(head.w, head.b, repeats=3, delta=0.7, seed=5)
+  np.testing.assert_array_equal(wt, np.concatenate(want, 1).astype(np.float32))
+  np.testing.assert_array_equal(bt, np.tile(head.b, 3))
+
+
 def test_weiper_kld(data):
   fit, test, head = data
   assert_scores(fit_score("weiper_kld", fit, test, head, repeats=10, block_rows=40),

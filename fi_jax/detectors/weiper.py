@@ -20,16 +20,21 @@ from fi_jax.detectors.core import Detector, cdtype, check_head, fc, log_max_soft
 
 
 def perturbed_head(w, b, *, repeats: int, delta: float, seed: int):
-  """(W~ float32 [D, r C], b~ float32 [r C]): repeat i occupies columns [i C, (i + 1) C)."""
+  """(W~ float32 [D, r C], b~ float32 [r C]): repeat i occupies columns [i C, (i + 1) C).
+  Each repeat is computed in place in the draw's [C, D] layout and written once, transposed,
+  into the float32 result (the same float64 operations as w + (delta |w_c| n / |n|)^T)."""
   w = np.asarray(w, np.float64)
+  d, c = w.shape
   rng = np.random.default_rng(seed)
-  norms = np.linalg.norm(w, axis=0)                     # |w_c| [C]
-  blocks = []
-  for _ in range(repeats):
-    n = rng.standard_normal((w.shape[1], w.shape[0]))    # [C, D]
-    n = n / np.linalg.norm(n, axis=1, keepdims=True)
-    blocks.append(w + (delta * norms[:, None] * n).T)
-  wt = np.concatenate(blocks, axis=1).astype(np.float32)
+  w_t = np.ascontiguousarray(w.T)                          # [C, D]
+  scale = delta * np.linalg.norm(w, axis=0)[:, None]       # delta |w_c| [C, 1]
+  wt = np.empty((d, repeats * c), np.float32)
+  for i in range(repeats):
+    n = rng.standard_normal((c, d))                         # [C, D]
+    n /= np.linalg.norm(n, axis=1, keepdims=True)
+    n *= scale
+    n += w_t
+    wt[:, i * c:(i + 1) * c] = n.T
   return wt, np.tile(np.asarray(b, np.float32), repeats)
 
 
