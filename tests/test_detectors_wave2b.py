@@ -6,10 +6,12 @@ batch_histogram, UniformKernel, kldiv). OpenOOD v1.5 @ 3c35632ee91b54b09d1f085d0
 ships none of these five postprocessors (no preset). Scores must match to 1e-6 relative on
 signed and ReLU-like features, plus a ranking case where each beats MSP.
 """
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special
+from hypothesis import given, settings, strategies as st
 
 from fi_jax import detectors
 from fi_jax.detectors import activation, stats, weiper
@@ -208,6 +210,21 @@ def test_weiper(data):
                             block_rows=64), ref, rtol=RTOL)
 
 
+def test_perturbed_head_is_the_seeded_draw(data):
+  # bit for bit the float64 formula w + (delta |w_c| n / |n|)^T per repeat, cast to float32
+  _, _, head = data
+  w = f64(head.w)
+  rng = np.random.default_rng(5)
+  want = []
+  for _ in range(3):
+    n = rng.standard_normal((w.shape[1], w.shape[0]))
+    n = n / np.linalg.norm(n, axis=1, keepdims=True)
+    want.append(w + (0.7 * np.linalg.norm(w, axis=0)[:, None] * n).T)
+  wt, bt = weiper.perturbed_head(head.w, head.b, repeats=3, delta=0.7, seed=5)
+  np.testing.assert_array_equal(wt, np.concatenate(want, 1).astype(np.float32))
+  np.testing.assert_array_equal(bt, np.tile(head.b, 3))
+
+
 def test_weiper_kld(data):
   fit, test, head = data
   assert_scores(fit_score("weiper_kld", fit, test, head, repeats=10, block_rows=40),
@@ -218,6 +235,57 @@ def test_weiper_kld(data):
   ref = ref_weiper_kld(fit, test, head, 4, 1.0, 2, nbins=30, s1=5, s2=4, eps=0.02,
                        eps_noise=0.01, lam1=2.0, lam2=0.5)
   assert_scores(got, ref, rtol=RTOL)
+  # r C = 240 perturbed logits, 8 bins: Q_z is counted in pairs of entries (81 cells <= 120)
+  got = fit_score("weiper_kld", fit, test, head, repeats=20, n_bins=8, smoothing=3,
+                  smoothing_perturbed=2)
+  assert_scores(got, ref_weiper_kld(fit, test, head, 20, 2.1, 0, nbins=8, s1=3, s2=2),
+                rtol=RTOL)
+
+
+def ref_bin_index(x, edges):
+  daz = lambda a: np.where(np.abs(a) < np.finfo(np.float64).tiny, 0.0, a)
+  k = np.searchsorted(daz(edges), daz(x), side="right") - 1   # XLA on CPU reads subnormals as 0
+  return np.where((k >= 0) & (k < len(edges) - 1), k, len(edges) - 1)
+
+
+def bin_index_case(lo, hi, nb, seed=0):
+  edges = np.linspace(lo, hi + 1e-8, nb + 1)
+  x = np.concatenate([edges, np.nextafter(edges, np.inf), np.nextafter(edges, -np.inf),
+                      np.random.default_rng(seed).uniform(lo - 1, hi + 1, 500),
+                      [np.nan, np.inf, -np.inf, -0.0, 0.0]])
+  e = jax.numpy.asarray(edges)
+  fast = bool(weiper._guess_within_one_bin(e, e[0], nb / (e[-1] - e[0])))
+  return edges, x, np.asarray(jax.jit(weiper._bin_index)(x[None], edges))[0], fast
+
+
+@pytest.mark.parametrize("lo,hi,nb,fast", [
+    (-3.7, 12.1, 100, True), (0.0, 1.0, 7, True), (-2.0, -1.5, 30, True), (5.0, 5.0, 10, True),
+    (-1e-300, 1e-300, 16, True),
+    (1e8, 1e8, 30, False)])   # a range of one ulp: 30 edges on two floats, binary search
+def test_bin_index_equals_searchsorted(lo, hi, nb, fast):
+  # the arithmetic bin guess + one-bin correction equals np.searchsorted on the float64
+  # edges for entries on, just above and just below every edge, outside, +-inf and NaN
+  edges, x, got, took_fast = bin_index_case(lo, hi, nb)
+  assert took_fast == fast
+  np.testing.assert_array_equal(got, ref_bin_index(x, edges))
+
+
+@settings(max_examples=40, deadline=None)
+@given(lo=st.floats(-1e12, 1e12), width=st.floats(0.0, 1e6), seed=st.integers(0, 9))
+def test_bin_index_equals_searchsorted_any_range(lo, width, seed):
+  edges, x, got, _ = bin_index_case(lo, lo + width, 20, seed)
+  np.testing.assert_array_equal(got, ref_bin_index(x, edges))
+
+
+@pytest.mark.parametrize("nb", [5, 20])   # 36 cells <= 150 pairs: counted in pairs; 441: not
+def test_histograms_equal_reference(nb):
+  x = np.random.default_rng(1).normal(size=(3, 301)) * 2
+  x[0, :7] = [np.nan, np.inf, -np.inf, 9.0, -9.0, 0.0, 1.0]
+  lo, hi = -3.0, 3.5
+  got = np.asarray(weiper._histograms(x, np.linspace(lo, hi + 1e-8, nb + 1)))
+  ref = ref_density(x, lo, hi, nb)
+  np.testing.assert_array_equal(np.rint(got * 301), np.rint(ref * 301))   # the same counts
+  np.testing.assert_allclose(got, ref, rtol=1e-15, atol=0)
 
 
 def test_weiper_kld_fit_in_row_blocks_equals_one_block(data, monkeypatch):
@@ -234,6 +302,25 @@ def test_weiper_kld_fit_in_row_blocks_equals_one_block(data, monkeypatch):
     np.testing.assert_array_equal(np.asarray(blocked[k]), np.asarray(whole[k]))
   for k in ("dens_h", "dens_z"):
     np.testing.assert_allclose(np.asarray(blocked[k]), np.asarray(whole[k]), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_weiper_kld_fit_minmax_equals_the_full_pass(data, monkeypatch, ties):
+  # the float32 bounds pass + reruns of the blocks that may hold an extreme give the min / max
+  # of a full compute-dtype pass bit for bit, rerunning few blocks (all blocks when every row
+  # is the same and so holds both extremes)
+  fit, _, head = data
+  h = np.repeat(fit.features[:1], len(fit.features), 0) if ties else fit.features
+  wt, bt = weiper.perturbed_head(head.w, head.b, repeats=6, delta=2.1, seed=0)
+  monkeypatch.setattr(weiper, "FIT_BLOCK_ROWS", 20)
+  full = [np.asarray(weiper._minmax_chunk(h[i:i + 20], wt, bt)) for i in range(0, len(h), 20)]
+  want = [min(p[0] for p in full), max(p[1] for p in full), min(p[2] for p in full),
+          max(p[3] for p in full)]
+  reruns = []
+  chunk = weiper._minmax_chunk
+  monkeypatch.setattr(weiper, "_minmax_chunk", lambda *a: reruns.append(1) or chunk(*a))
+  np.testing.assert_array_equal(weiper._fit_minmax(h, wt, bt), want)
+  assert len(reruns) == len(full) if ties else 1 <= len(reruns) <= 4
 
 
 def test_weiper_kld_subsampled_fit_uses_the_seeded_rows(data):

@@ -20,16 +20,21 @@ from fi_jax.detectors.core import Detector, cdtype, check_head, fc, log_max_soft
 
 
 def perturbed_head(w, b, *, repeats: int, delta: float, seed: int):
-  """(W~ float32 [D, r C], b~ float32 [r C]): repeat i occupies columns [i C, (i + 1) C)."""
+  """(W~ float32 [D, r C], b~ float32 [r C]): repeat i occupies columns [i C, (i + 1) C).
+  Each repeat is computed in place in the draw's [C, D] layout and written once, transposed,
+  into the float32 result (the same float64 operations as w + (delta |w_c| n / |n|)^T)."""
   w = np.asarray(w, np.float64)
+  d, c = w.shape
   rng = np.random.default_rng(seed)
-  norms = np.linalg.norm(w, axis=0)                     # |w_c| [C]
-  blocks = []
-  for _ in range(repeats):
-    n = rng.standard_normal((w.shape[1], w.shape[0]))    # [C, D]
-    n = n / np.linalg.norm(n, axis=1, keepdims=True)
-    blocks.append(w + (delta * norms[:, None] * n).T)
-  wt = np.concatenate(blocks, axis=1).astype(np.float32)
+  w_t = np.ascontiguousarray(w.T)                          # [C, D]
+  scale = delta * np.linalg.norm(w, axis=0)[:, None]       # delta |w_c| [C, 1]
+  wt = np.empty((d, repeats * c), np.float32)
+  for i in range(repeats):
+    n = rng.standard_normal((c, d))                         # [C, D]
+    n /= np.linalg.norm(n, axis=1, keepdims=True)
+    n *= scale
+    n += w_t
+    wt[:, i * c:(i + 1) * c] = n.T
   return wt, np.tile(np.asarray(b, np.float32), repeats)
 
 
@@ -41,9 +46,10 @@ def _weiper_state(det, head) -> dict:
   return {"wt": jnp.asarray(wt), "bt": jnp.asarray(bt)}
 
 
-def _perturbed_logits(h, state, repeats: int):
-  """[B, r, C] perturbed logits in the compute dtype."""
-  z = matmul(fc(h), fc(state["wt"])) + fc(state["bt"])
+def _perturbed_logits(h, wt, bt, repeats: int):
+  """[B, r, C] perturbed logits; wt, bt in the compute dtype (converted once, outside the loop
+  over row blocks: XLA does not hoist a size-increasing convert out of a loop)."""
+  z = matmul(fc(h), wt) + bt
   return z.reshape(h.shape[0], int(repeats), -1)
 
 
@@ -86,8 +92,8 @@ class WeiPer(Detector):
     return _weiper_state(self, head)
 
   def _score(self, state, features, logits):
-    return _map_blocks(lambda h: _log_mean_msp(_perturbed_logits(h, state, self.hparams["repeats"])),
-                       features,
+    wt, bt, r = fc(state["wt"]), fc(state["bt"]), self.hparams["repeats"]
+    return _map_blocks(lambda h: _log_mean_msp(_perturbed_logits(h, wt, bt, r)), features,
                        int(self.hparams["block_rows"]))
 
 
@@ -105,15 +111,72 @@ def smoothing_matrix(nbins: int, size: int) -> np.ndarray:
   return s
 
 
-def _histograms(x, edges):
-  """Per row: the fraction of x's entries in each [edges_i, edges_{i+1}) ([B, nbins])."""
+def _bin_guess(x, lo, scale, nb: int):
+  """floor((x - lo) scale) clipped to [0, nb - 1] (NaN -> 0): non-decreasing in x."""
+  t = (x - lo) * scale
+  t = jnp.where(t >= 0, t, 0.0)
+  return jnp.minimum(t, nb - 1).astype(jnp.int32)
+
+
+def _guess_within_one_bin(edges, lo, scale):
+  """True when, for every x, _bin_guess is within one of searchsorted(edges, x, "right") - 1
+  (-1 below edges[0], nb from edges[-1] on). The guess is non-decreasing in x, so checking
+  it at both ends of every non-empty bin (and just below / at the outer edges) covers all x.
+  False only for nearly degenerate edges (a range of a few ulps of its magnitude)."""
   nb = edges.shape[0] - 1
-  idx = jnp.searchsorted(edges, x, side="right") - 1
-  idx = jnp.where((idx >= 0) & (idx < nb), idx, nb)
-  rows = jnp.arange(x.shape[0])[:, None]
-  seg = (rows * (nb + 1) + idx).reshape(-1)
-  cnt = jax.ops.segment_sum(jnp.ones(seg.shape, cdtype()), seg, x.shape[0] * (nb + 1))
-  return cnt.reshape(x.shape[0], nb + 1)[:, :nb] / x.shape[1]
+  i = jnp.arange(nb)
+  first = _bin_guess(edges[:-1], lo, scale, nb)
+  last = _bin_guess(jnp.nextafter(edges[1:], -jnp.inf), lo, scale, nb)
+  bins_ok = (edges[:-1] >= edges[1:]) | ((first >= i - 1) & (last <= i + 1))
+  below = _bin_guess(jnp.nextafter(edges[0], -jnp.inf), lo, scale, nb) == 0
+  above = _bin_guess(edges[-1], lo, scale, nb) == nb - 1
+  return jnp.all(bins_ok) & below & above & jnp.all(jnp.isfinite(edges))
+
+
+def _bin_index(x, edges):
+  """searchsorted(edges, x, side="right") - 1 where that is in [0, nb), else nb (outside
+  [edges[0], edges[-1]) and NaN). For equal-width edges (np.linspace) the bin is guessed
+  arithmetically and moved by at most one against the exact edges: the same index as the
+  binary search, bit for bit, at the cost of two gathers (the binary search is kept for edges
+  where the guess could be off by more)."""
+  edges = jnp.asarray(edges)
+  nb = edges.shape[0] - 1
+  lo, scale = edges[0], nb / (edges[-1] - edges[0])
+
+  def guessed(x):
+    k = _bin_guess(x, lo, scale, nb)
+    k = k - (x < edges[k]) + (x >= edges[k + 1])
+    return jnp.where((k >= 0) & (k < nb) & ~jnp.isnan(x), k, nb)
+
+  def searched(x):
+    k = jnp.searchsorted(edges, x, side="right") - 1
+    return jnp.where((k >= 0) & (k < nb), k, nb)
+  return jax.lax.cond(_guess_within_one_bin(edges, lo, scale), guessed, searched, x)
+
+
+def _histograms(x, edges):
+  """Per row: the fraction of x's entries in each [edges_i, edges_{i+1}) ([B, nbins]).
+
+  Long rows are counted in pairs: entries 2j and 2j + 1 of a row add one to cell
+  (bin_2j, bin_2j+1) of a per-row (nb + 1)^2 table, and a bin's count is its row sum plus its
+  column sum (exact integers). That halves the scatter-adds, which dominate the cost once the
+  binning is cheap; short rows (fewer pairs than table cells) are counted one by one."""
+  nb = edges.shape[0] - 1
+  n, length = x.shape
+  idx = _bin_index(x, edges)
+  rows = jnp.arange(n)[:, None]
+  if (nb + 1) ** 2 <= length // 2:
+    idx = jnp.pad(idx, ((0, 0), (0, length % 2)), constant_values=nb)   # nb: not counted
+    pairs = idx.reshape(n, -1, 2)
+    cell = (rows * (nb + 1) + pairs[..., 0]) * (nb + 1) + pairs[..., 1]
+    table = jnp.zeros(n * (nb + 1) ** 2, jnp.int32).at[cell.reshape(-1)].add(
+        1, mode="promise_in_bounds").reshape(n, nb + 1, nb + 1)
+    cnt = table.sum(2) + table.sum(1)
+  else:
+    cell = rows * (nb + 1) + idx
+    cnt = jnp.zeros(n * (nb + 1), jnp.int32).at[cell.reshape(-1)].add(
+        1, mode="promise_in_bounds").reshape(n, nb + 1)
+  return cnt[:, :nb].astype(cdtype()) / length
 
 
 def _sym_kl(p_mean, q, smooth, eps):
@@ -135,6 +198,44 @@ def _minmax_chunk(h, wt, bt):
   z = matmul(fc(h), fc(wt)) + fc(bt)
   hh = fc(h)
   return jnp.stack([hh.min(), hh.max(), z.min(), z.max()])
+
+
+@jax.jit
+def _logit_bounds(h, wt, bt, wt_norms):
+  """([4, B] per row: lower and upper bounds on the min of z~, lower and upper bounds on its
+  max; [2] min, max of h) from a float32 matmul. With S = sum_k |h_k w~_kc| <= |h| |w~_c|, the
+  float32 dot of h rounded to float32 is within (gamma_D + u) S of the exact h w~_c (any
+  summation order; u = 2^-24, gamma_D = D u / (1 - D u)) and the compute-dtype one within
+  gamma_D S: 3 D u |h| |w~_c|, plus 4 ulps of z~ for the bias additions and D float32 tiny
+  for flushed subnormals, bounds their distance."""
+  hh = fc(h)
+  z = fc(matmul(jnp.asarray(h, jnp.float32), jnp.asarray(wt, jnp.float32))) + fc(bt)
+  d, f32 = h.shape[1], np.finfo(np.float32)
+  err = ((1.5 * d * float(f32.eps)) * jnp.linalg.norm(hh, axis=1)[:, None] * fc(wt_norms)
+         + 4 * jnp.finfo(cdtype()).eps * jnp.abs(z) + d * float(f32.tiny))
+  lo, hi = z - err, z + err
+  return (jnp.stack([lo.min(1), hi.min(1), lo.max(1), hi.max(1)]),
+          jnp.stack([hh.min(), hh.max()]))
+
+
+def _fit_minmax(h, wt, bt) -> np.ndarray:
+  """[min h, max h, min z~, max z~] over the fit rows, equal to a pass of _minmax_chunk over
+  all FIT_BLOCK_ROWS blocks: a float32 pass bounds every row's extremes, and _minmax_chunk
+  reruns only the blocks with a row that can hold the minimum or the maximum of z~ (rows
+  whose lower bound on the min is above the least upper bound cannot, and likewise for the
+  max). Saves most of a compute-dtype matmul pass."""
+  starts = range(0, len(h), FIT_BLOCK_ROWS)   # the last one shorter: at most two compiles
+  norms = jnp.asarray(np.linalg.norm(np.asarray(wt, np.float64), axis=0), cdtype())
+  wt_c = fc(wt)   # for the reruns: converted once
+  parts = [_logit_bounds(h[i:i + FIT_BLOCK_ROWS], wt, bt, norms) for i in starts]
+  rb = np.concatenate([np.asarray(p[0], np.float64) for p in parts], axis=1)
+  hb = np.stack([np.asarray(p[1], np.float64) for p in parts])
+  may_hold = (rb[0] <= rb[1].min()) | (rb[3] >= rb[2].max())
+  mm = np.array([hb[:, 0].min(), hb[:, 1].max(), np.inf, -np.inf])
+  for i in sorted({int(r) // FIT_BLOCK_ROWS * FIT_BLOCK_ROWS for r in np.flatnonzero(may_hold)}):
+    part = np.asarray(_minmax_chunk(h[i:i + FIT_BLOCK_ROWS], wt_c, bt), np.float64)
+    mm[2], mm[3] = min(mm[2], part[2]), max(mm[3], part[3])
+  return mm
 
 
 @functools.partial(jax.jit, static_argnames=("nbins",))
@@ -186,19 +287,15 @@ class WeiPerKLD(Detector):
       sample.add(start, chunk)
     h = sample.result()["features"]
     nb = int(hp["n_bins"])
-    blocks = range(0, len(h), FIT_BLOCK_ROWS)   # the last one shorter: at most two compiles
-    mm = None
-    for i in blocks:
-      part = np.asarray(_minmax_chunk(h[i:i + FIT_BLOCK_ROWS], st["wt"], st["bt"]), np.float64)
-      mm = part if mm is None else np.array([min(mm[0], part[0]), max(mm[1], part[1]),
-                                             min(mm[2], part[2]), max(mm[3], part[3])])
+    mm = _fit_minmax(h, st["wt"], st["bt"])
     edges_h = np.linspace(mm[0], mm[1] + 1e-8, nb + 1)
     edges_z = np.linspace(mm[2], mm[3] + 1e-8, nb + 1)
     cd = cdtype()
+    wt_c = fc(st["wt"])   # converted once for all blocks
     total = None
-    for i in blocks:
+    for i in range(0, len(h), FIT_BLOCK_ROWS):   # the last one shorter: at most two compiles
       total = stats.add_sums(total, _density_sums(
-          h[i:i + FIT_BLOCK_ROWS], st["wt"], st["bt"], jnp.asarray(edges_h, cd),
+          h[i:i + FIT_BLOCK_ROWS], wt_c, st["bt"], jnp.asarray(edges_h, cd),
           jnp.asarray(edges_z, cd), nbins=nb))
     return {**st, "edges_h": jnp.asarray(edges_h, cd), "edges_z": jnp.asarray(edges_z, cd),
             "dens_h": jnp.asarray(total["dens_h"] / total["n"], cd),
@@ -209,9 +306,10 @@ class WeiPerKLD(Detector):
     nb = int(hp["n_bins"])
     s_h = jnp.asarray(smoothing_matrix(nb, int(hp["smoothing"])), cdtype())
     s_z = jnp.asarray(smoothing_matrix(nb, int(hp["smoothing_perturbed"])), cdtype())
+    wt, bt = fc(state["wt"]), fc(state["bt"])
 
     def block(h):
-      z = _perturbed_logits(h, state, hp["repeats"])
+      z = _perturbed_logits(h, wt, bt, hp["repeats"])
       msp = jnp.mean(jnp.exp(log_max_softmax(z)), -1)
       kl_h = _sym_kl(state["dens_h"], _histograms(fc(h), state["edges_h"]), s_h,
                      float(hp["epsilon"]))
