@@ -14,7 +14,7 @@ import scipy.special
 from hypothesis import given, settings, strategies as st
 
 from fi_jax import detectors
-from fi_jax.detectors import activation, stats, weiper
+from fi_jax.detectors import activation, core, stats, weiper
 
 from test_detectors import assert_scores, f64, fit_score, make_data
 
@@ -254,8 +254,8 @@ def bin_index_case(lo, hi, nb, seed=0):
                       np.random.default_rng(seed).uniform(lo - 1, hi + 1, 500),
                       [np.nan, np.inf, -np.inf, -0.0, 0.0]])
   e = jax.numpy.asarray(edges)
-  fast = bool(weiper._guess_within_one_bin(e, e[0], nb / (e[-1] - e[0])))
-  return edges, x, np.asarray(jax.jit(weiper._bin_index)(x[None], edges))[0], fast
+  fast = bool(core._guess_within_one_bin(e, e[0], nb / (e[-1] - e[0])))
+  return edges, x, np.asarray(jax.jit(core.bin_index)(x[None], edges))[0], fast
 
 
 @pytest.mark.parametrize("lo,hi,nb,fast", [

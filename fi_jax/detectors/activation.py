@@ -285,16 +285,12 @@ class BATS(Detector):
 # ----------------------------------------------------------------------------- OptFS
 
 def _bins_of(h, left, width):
-  """Index i of the interval [left_i, left_i + width) holding each entry of h; -1 if none.
-
-  i = searchsorted(left, h, 'right') - 1, found without a search: the equal-width guess
-  floor((h - left_0) / width) is off by at most one from it (left is an arange of step width,
-  so left_k = left_0 + k width up to rounding), and one comparison with each neighbouring left
-  edge corrects it (a binary search over the edges is ~10x slower on CPUs)."""
+  """Index i of the interval [left_i, left_i + width) holding each entry of h; -1 if none
+  (searchsorted(left, h, 'right') - 1, then the width test), by core.bin_index over the edges
+  left_0 .. left_{n-1}, left_{n-1} + width (no binary search)."""
   n = left.shape[0]
-  g = jnp.clip(jnp.floor((h - left[0]) / width), 0, n - 1).astype(jnp.int32)
-  i = g - (h < left[g]) + ((g + 1 < n) & (h >= left[jnp.minimum(g + 1, n - 1)]))
-  ok = (i >= 0) & (h < left[jnp.maximum(i, 0)] + width)
+  i = core.bin_index(h, jnp.append(left, left[-1] + width))      # n outside the edges
+  ok = (i < n) & (h < left[jnp.minimum(i, n - 1)] + width)
   return jnp.where(ok, i, -1)
 
 
