@@ -19,22 +19,6 @@ os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # silences TF's oneDNN banner; TF only preprocesses
 
 
-def _cpu_pool_size() -> int:
-  """XLA:CPU's thread pool size: max(cores, 8), independent of the number of CPU devices.
-
-  XLA sizes that pool max(PJRT_NPROC or cores, CPU devices in the process), and its matmul
-  blocking (hence the last bits of any long reduction, e.g. a float64 X^T X) follows the pool
-  size; fixing it makes 1 process x 8 devices, 2 x 4 and 1 x 1 compute bit-identical
-  results on one machine. On a machine with 8 or more cores this is XLA's own default."""
-  try:
-    cores = len(os.sched_getaffinity(0))
-  except AttributeError:   # not Linux
-    cores = os.cpu_count() or 1
-  return max(cores, 8)
-
-
-os.environ.setdefault("PJRT_NPROC", str(_cpu_pool_size()))  # read when JAX creates its CPU client
-
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402

@@ -27,8 +27,10 @@ def _free_port():
 
 
 def _env(devices):
+  """`devices` CPU devices and one fixed XLA:CPU thread-pool size (PJRT_NPROC, see
+  docs/usage.md: XLA sizes the pool max(cores, devices) and the last bits follow it)."""
   return {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "XLA_FLAGS": "",
-          "PYTHONUNBUFFERED": "1"}
+          "PJRT_NPROC": "8", "PYTHONUNBUFFERED": "1"}
 
 
 def _run(workdir, processes, devices):
@@ -90,8 +92,8 @@ def _results(workdir):
 @pytest.mark.slow
 def test_one_and_two_processes_and_one_device_are_identical(tmp_path):
   """Features, logits, ODIN's scores, detector scores and results rows are bit-identical with
-  1 process x 8 devices, 2 processes x 4 devices, 1 x 4 and 1 x 1 (the CLI fixes XLA:CPU's
-  thread pool size, which otherwise follows the device count and moves the last bits)."""
+  1 process x 8 devices, 2 processes x 4 devices, 1 x 4 and 1 x 1, the demo's training
+  included, given one XLA:CPU thread-pool size (see _env)."""
   ref = str(tmp_path / "8dev")
   _run(ref, 1, 8)
   runs = {"2proc": (2, 4), "4dev": (1, 4), "1dev": (1, 1)}
