@@ -75,7 +75,7 @@ def input_pipeline(path: str, pp: str, batch: int):
             "_id": tf.cast(i, tf.int64), "_mask": tf.constant(True)}
   ds = tf.data.Dataset.from_tensor_slices(blobs[:n]).enumerate()
   ds = ds.map(pp_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  return ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE), n
+  return ds.batch(batch, drop_remainder=True).prefetch(2), n   # data.batches: prefetch=2
 
 
 def main(argv=None) -> None:
