@@ -323,6 +323,25 @@ def test_weiper_kld_fit_minmax_equals_the_full_pass(data, monkeypatch, ties):
   assert len(reruns) == len(full) if ties else 1 <= len(reruns) <= 4
 
 
+def test_weiper_kld_logit_bounds_hold_every_row(data):
+  # each row's float32-pass bounds contain the min and max of its compute-dtype perturbed
+  # logits (numpy float64 here), on signed features spread over six orders of magnitude
+  fit, _, head = data
+  rng = np.random.default_rng(3)
+  h = (fit.features * 10.0 ** rng.uniform(-3, 3, (len(fit.features), 1))).astype(np.float32)
+  h[:5] = 0.0   # zero rows: the bound is the bias's rounding alone
+  wt, bt = weiper.perturbed_head(head.w, head.b, repeats=6, delta=2.1, seed=0)
+  wt_max = np.linalg.norm(np.asarray(wt, np.float64), axis=0).max()
+  bounds, hmm = weiper._logit_bounds(jnp.asarray(h), jnp.asarray(wt), jnp.asarray(bt), wt_max)
+  b = np.asarray(bounds, np.float64)
+  z = np.asarray(h, np.float64) @ np.asarray(wt, np.float64) + np.asarray(bt, np.float64)
+  zmin, zmax = z.min(1), z.max(1)
+  assert np.all(b[0] <= zmin) and np.all(zmin <= b[1]), np.max(b[0] - zmin)
+  assert np.all(b[2] <= zmax) and np.all(zmax <= b[3]), np.max(zmax - b[3])
+  assert np.all(b[1] - b[0] < 1e-3 * (np.abs(zmin) + np.abs(zmax) + 1))   # and not vacuous
+  np.testing.assert_array_equal(np.asarray(hmm), [h.min(), h.max()])
+
+
 def test_weiper_kld_subsampled_fit_uses_the_seeded_rows(data):
   fit, test, head = data
   smp = stats.RowSample(200, 0, ("features",))

@@ -159,20 +159,23 @@ def _minmax_chunk(h, wt, bt):
 
 
 @jax.jit
-def _logit_bounds(h, wt, bt, wt_norms):
+def _logit_bounds(h, wt, bt, wt_max):
   """([4, B] per row: lower and upper bounds on the min of z~, lower and upper bounds on its
-  max; [2] min, max of h) from a float32 matmul. With S = sum_k |h_k w~_kc| <= |h| |w~_c|, the
-  float32 dot of h rounded to float32 is within (gamma_D + u) S of the exact h w~_c (any
-  summation order; u = 2^-24, gamma_D = D u / (1 - D u)) and the compute-dtype one within
-  gamma_D S: 3 D u |h| |w~_c|, plus 4 ulps of z~ for the bias additions and D float32 tiny
-  for flushed subnormals, bounds their distance."""
+  max; [2] min, max of h) from one float32 pass: z32 = fl32(fl32(h w~) + b~), reduced per row.
+  With S = sum_k |h_k w~_kc| <= |h| |w~_c| <= |h| max_c |w~_c| (= wt_max), the float32 dot of
+  the float32 h is within (gamma_D + u) S of the exact h w~_c (any summation order; u = 2^-24,
+  gamma_D = D u / (1 - D u)), the float32 bias addition within 1.01 u |z32| more, and the
+  compute-dtype z~ within gamma_D S plus a few of its own ulps of the exact value: so
+  E = 3 D u |h| wt_max + 2 u max_c |z32| + D float32 tiny (flushed subnormals) bounds
+  |z32 - z~| for every entry of the row. Only [B]-sized vectors are computed in the compute
+  dtype; the [B, r C] block stays float32 and is reduced as it is produced."""
   hh = fc(h)
-  z = fc(matmul(jnp.asarray(h, jnp.float32), jnp.asarray(wt, jnp.float32))) + fc(bt)
+  z = matmul(jnp.asarray(h, jnp.float32), jnp.asarray(wt, jnp.float32)) + jnp.asarray(bt, jnp.float32)
+  zmin, zmax = fc(z.min(1)), fc(z.max(1))
   d, f32 = h.shape[1], np.finfo(np.float32)
-  err = ((1.5 * d * float(f32.eps)) * jnp.linalg.norm(hh, axis=1)[:, None] * fc(wt_norms)
-         + 4 * jnp.finfo(cdtype()).eps * jnp.abs(z) + d * float(f32.tiny))
-  lo, hi = z - err, z + err
-  return (jnp.stack([lo.min(1), hi.min(1), lo.max(1), hi.max(1)]),
+  err = ((1.5 * d * float(f32.eps)) * jnp.linalg.norm(hh, axis=1) * fc(wt_max)
+         + float(f32.eps) * jnp.maximum(jnp.abs(zmin), jnp.abs(zmax)) + d * float(f32.tiny))
+  return (jnp.stack([zmin - err, zmin + err, zmax - err, zmax + err]),
           jnp.stack([hh.min(), hh.max()]))
 
 
@@ -183,9 +186,10 @@ def _fit_minmax(h, wt, bt) -> np.ndarray:
   whose lower bound on the min is above the least upper bound cannot, and likewise for the
   max). Saves most of a compute-dtype matmul pass."""
   starts = range(0, len(h), FIT_BLOCK_ROWS)   # the last one shorter: at most two compiles
-  norms = jnp.asarray(np.linalg.norm(np.asarray(wt, np.float64), axis=0), cdtype())
+  wt_max = jnp.asarray(np.sqrt(np.einsum("dc,dc->c", *(np.asarray(wt, np.float64),) * 2).max())
+                       * (1 + 1e-12), cdtype())   # max_c |w~_c|, rounded up
   wt_c = fc(wt)   # for the reruns: converted once
-  parts = [_logit_bounds(h[i:i + FIT_BLOCK_ROWS], wt, bt, norms) for i in starts]
+  parts = [_logit_bounds(h[i:i + FIT_BLOCK_ROWS], wt, bt, wt_max) for i in starts]
   rb = np.concatenate([np.asarray(p[0], np.float64) for p in parts], axis=1)
   hb = np.stack([np.asarray(p[1], np.float64) for p in parts])
   may_hold = (rb[0] <= rb[1].min()) | (rb[3] >= rb[2].max())
