@@ -186,8 +186,10 @@ def _fit_minmax(h, wt, bt) -> np.ndarray:
   whose lower bound on the min is above the least upper bound cannot, and likewise for the
   max). Saves most of a compute-dtype matmul pass."""
   starts = range(0, len(h), FIT_BLOCK_ROWS)   # the last one shorter: at most two compiles
-  wt_max = jnp.asarray(np.sqrt(np.einsum("dc,dc->c", *(np.asarray(wt, np.float64),) * 2).max())
-                       * (1 + 1e-12), cdtype())   # max_c |w~_c|, rounded up
+  w64 = np.asarray(wt, np.float64)
+  col_sq = np.einsum("dc,dc->c", w64, w64)   # |w~_c|^2 without a [D, r C] temporary
+  wt_max = jnp.asarray(np.sqrt(col_sq.max()) * (1 + 1e-12), cdtype())   # max_c |w~_c|, rounded up
+  del w64
   wt_c = fc(wt)   # for the reruns: converted once
   parts = [_logit_bounds(h[i:i + FIT_BLOCK_ROWS], wt, bt, wt_max) for i in starts]
   rb = np.concatenate([np.asarray(p[0], np.float64) for p in parts], axis=1)
