@@ -103,6 +103,13 @@ def test_one_and_two_processes_and_one_device_are_identical(tmp_path):
   parts = glob.glob(os.path.join(tmp_path, "2proc", "cache", "*", "*", "process-0000[01]-of-00002"))
   assert len(parts) == 2 * 3   # every set: one entry per process
 
+  want_params = cache.load(glob.glob(os.path.join(ref, "cache", "*", "params"))[0], log=pytest.fail)
+  for name in runs:   # every run trained the demo model itself: the same bits
+    (got,) = glob.glob(os.path.join(tmp_path, name, "cache", "*", "params"))
+    got = cache.load(got, log=pytest.fail)
+    assert sorted(got) == sorted(want_params) and all(
+        np.array_equal(got[k], want_params[k]) for k in got), name
+
   want_sets = _cached_sets(ref)
   assert sorted(want_sets) and any("score/odin" in a for a in want_sets.values())
   for name in runs:
