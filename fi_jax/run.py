@@ -467,7 +467,12 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
     report.write_scores(workdir, scores, sets)
     rcfg = to_dict(config.get("report", {}))
     if rcfg.get("plots", True) and rows:
-      report.write_plots(workdir, results, scores, top=int(rcfg.get("plot_top", 5)))
+      try:
+        report.write_plots(workdir, results, scores, top=int(rcfg.get("plot_top", 5)))
+      except Exception as e:  # pylint: disable=broad-except  (plots must not cost the results)
+        results["meta"]["plot_error"] = f"{type(e).__name__}: {e}"
+        log(f"Plots failed ({results['meta']['plot_error']}); the results files are written "
+            f"without them (or run with --config.report.plots=False).")
     timings["report"] = time.time() - t
     timings["total"] = time.time() - t_start
     results["meta"]["timings_s"] = {k: round(v, 3) for k, v in timings.items()}

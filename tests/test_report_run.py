@@ -188,15 +188,19 @@ def test_scores_plots_and_per_class_files(digits_run):
   assert "### digits_6-9: per OOD class" in md
 
 
-def test_features_source_reproduces_the_pipeline_rows(digits_run, tmp_path):
-  c, results, workdir = digits_run
+def _features_dir(workdir, feats):
+  """The run's cached sets copied into a features folder (configs/features.py's layout)."""
   cache_root = os.path.join(workdir, "cache")
   (key,) = os.listdir(cache_root)
-  feats = tmp_path / "feats"
-  feats.mkdir()
   for entry in os.listdir(os.path.join(cache_root, key)):
     name = "digits_6-9" if entry.startswith("ood_digits_6-9") else entry.split("-")[0]
     shutil.copytree(os.path.join(cache_root, key, entry), feats / name)
+  return feats
+
+
+def test_features_source_reproduces_the_pipeline_rows(digits_run, tmp_path):
+  c, results, workdir = digits_run
+  feats = _features_dir(workdir, tmp_path / "feats")
   f = features_config.get_config(f"dir={feats},label=vit-random,id_name={c.id_name}")
   f.detectors, f.detector_hparams, f.metrics = c.detectors, c.detector_hparams, c.metrics
   got = run.run(f, str(tmp_path / "wd"), log=lambda s: None)
@@ -204,6 +208,28 @@ def test_features_source_reproduces_the_pipeline_rows(digits_run, tmp_path):
   strip = lambda rows: [{k: v for k, v in r.items() if k != "per_class"} for r in rows]
   assert strip(got["rows"]) == strip(results["rows"])
   assert got["failed"] == results["failed"]
+
+
+def test_a_plot_failure_keeps_the_results(digits_run, tmp_path, monkeypatch):
+  """A failing plot (matplotlib, a full disk, ...) is logged and recorded; results.json, .csv,
+  .md and the scores are still written."""
+  c, results, workdir = digits_run
+  feats = _features_dir(workdir, tmp_path / "feats")
+  f = features_config.get_config(f"dir={feats},label=vit-random,id_name={c.id_name}")
+  f.detectors, f.detector_hparams = ("msp", "energy"), c.detector_hparams
+
+  def broken(*a, **k):
+    raise OSError("No space left on device")
+  monkeypatch.setattr(report, "write_plots", broken)
+  lines = []
+  got = run.run(f, str(tmp_path / "wd"), log=lines.append)
+  assert got["meta"]["plot_error"] == "OSError: No space left on device"
+  assert any(l.startswith("Plots failed (OSError: No space left on device)") for l in lines)
+  for name in ("results.json", "results.csv", "results.md"):
+    assert os.path.getsize(tmp_path / "wd" / name) > 0
+  with open(tmp_path / "wd" / "results.json") as fh:
+    assert json.load(fh)["meta"]["plot_error"].startswith("OSError")
+  assert set(report.load_scores(str(tmp_path / "wd"), "id_test")) >= {"msp", "energy"}
 
 
 @pytest.mark.slow
