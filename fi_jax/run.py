@@ -433,6 +433,10 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
   scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True,
                                        nonfinite=config.get("nonfinite", "error"))
   timings["detectors"] = time.time() - t
+  t = time.time()
+  if jax.process_index() == 0:   # first: a failure in the metrics or the report keeps them
+    report.write_scores(workdir, scores, sets)
+  scores_seconds = time.time() - t
 
   t = time.time()
   mcfg = to_dict(config.get("metrics", {}))
@@ -464,7 +468,6 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
   if jax.process_index() == 0:
     t = time.time()
     results["meta"].update(report_extras(specs, sets))
-    report.write_scores(workdir, scores, sets)
     rcfg = to_dict(config.get("report", {}))
     if rcfg.get("plots", True) and rows:
       try:
@@ -473,7 +476,7 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
         results["meta"]["plot_error"] = f"{type(e).__name__}: {e}"
         log(f"Plots failed ({results['meta']['plot_error']}); the results files are written "
             f"without them (or run with --config.report.plots=False).")
-    timings["report"] = time.time() - t
+    timings["report"] = time.time() - t + scores_seconds
     timings["total"] = time.time() - t_start
     results["meta"]["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     report.write(results, workdir)

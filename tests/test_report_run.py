@@ -13,7 +13,7 @@ import pytest
 from sklearn import metrics as skm
 
 from configs import common, demo, features as features_config, torchvision, vit
-from fi_jax import preflight, report, run
+from fi_jax import pipeline, preflight, report, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -230,6 +230,24 @@ def test_a_plot_failure_keeps_the_results(digits_run, tmp_path, monkeypatch):
   with open(tmp_path / "wd" / "results.json") as fh:
     assert json.load(fh)["meta"]["plot_error"].startswith("OSError")
   assert set(report.load_scores(str(tmp_path / "wd"), "id_test")) >= {"msp", "energy"}
+
+
+def test_scores_are_written_before_the_metrics(digits_run, tmp_path, monkeypatch):
+  """The detectors' per-example scores reach the workdir before the metrics run: a metrics
+  failure (e.g. out of memory in the bootstrap) does not lose them."""
+  c, _, workdir = digits_run
+  f = features_config.get_config(
+      f"dir={_features_dir(workdir, tmp_path / 'feats')},label=vit-random,id_name={c.id_name}")
+  f.detectors, f.detector_hparams = ("msp", "energy"), c.detector_hparams
+
+  def broken(*a, **k):
+    raise MemoryError("bootstrap")
+  monkeypatch.setattr(pipeline, "metric_rows", broken)
+  with pytest.raises(MemoryError):
+    run.run(f, str(tmp_path / "wd"), log=lambda s: None)
+  for name in ("id_test", "ood/digits_6-9"):
+    z = report.load_scores(str(tmp_path / "wd"), name)
+    assert {"msp", "energy"} <= set(z) and len(z["msp"]) == len(z["id"]) > 0
 
 
 @pytest.mark.slow
