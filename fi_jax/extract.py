@@ -27,12 +27,17 @@ block outputs of `out` as `layer/<reducer>/<block>` columns, computed inside the
 (a model whose `out` has no blocks gets no columns; the layer detectors then say so). Without
 `layers` the step is the plain one.
 
+`chunks(..., warm=(other,))` compiles the other Forwards' steps for the same batch shapes in a
+background thread as soon as the first batch exists (a run's scored step compiles while the fit
+set is extracted; XLA compiles outside the GIL); the other Forward's first step waits for it.
+
 `extract_chunks` / `extract` are one-call wrappers that build a fresh `Forward` (one compile
 per call); keep a `Forward` to reuse the compiled step across sets.
 """
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import time
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
@@ -51,6 +56,7 @@ InputScorer = Callable[[object, jax.Array], object]
 # predict_out(params, images) -> (logits [B, C], features [B, D], the model's `out` dict)
 PredictOutFn = Callable[[object, jax.Array], tuple[jax.Array, jax.Array, object]]
 _PASS_THROUGH = ("label", "group", "_id", "_mask")
+_COMPILER = concurrent.futures.ThreadPoolExecutor(2, "fi_jax-compile")   # background compiles
 
 
 class Forward:
@@ -92,6 +98,20 @@ class Forward:
       return out
 
     self.step = jax.jit(step, out_shardings=self._split)
+    self._warming: Optional[concurrent.futures.Future] = None
+
+  def warm(self, params, batch) -> None:
+    """Starts compiling the step for (params, global batch)'s shapes and shardings in the
+    background (once); the first step of `chunks` waits for it, so it never compiles twice."""
+    if self._warming is None:
+      self._warming = _COMPILER.submit(lambda: self.step.lower(params, batch).compile())
+
+  def _wait_warm(self) -> None:
+    if self._warming is not None:
+      try:
+        self._warming.result()
+      except Exception:  # pylint: disable=broad-except  (the step's own call reports it)
+        pass
 
   def put_params(self, params):
     """`params` replicated on the mesh (a no-op when they already are)."""
@@ -99,15 +119,22 @@ class Forward:
 
   def chunks(self, params, batches: Iterable[dict[str, np.ndarray]], *,
              steps: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
-             depth: int = 2) -> Iterator[dict[str, np.ndarray]]:
+             depth: int = 2, warm: Sequence["Forward"] = ()) -> Iterator[dict[str, np.ndarray]]:
     """Runs the step over every (process-local) batch; yields each batch's rows (padding
     dropped) as {features, logits, label, group, _id, score/<name>...}, in the order of
-    `batches`, with up to `depth` steps in flight."""
+    `batches`, with up to `depth` steps in flight. The Forwards in `warm` start compiling
+    their steps for the first batch's shapes in the background (see `warm`)."""
     params = self.put_params(params)
     pending: collections.deque = collections.deque()
     t0 = last = time.time()
+    self._wait_warm()
     for i, local in enumerate(batches):
-      out = self.step(params, distributed.global_batch(self.mesh, local))
+      batch = distributed.global_batch(self.mesh, local)
+      if i == 0:
+        for other in warm:
+          if other is not self:
+            other.warm(other.put_params(params), batch)
+      out = self.step(params, batch)
       for v in out.values():
         v.copy_to_host_async()   # (this process's shards) as soon as the step is done
       pending.append(out)

@@ -114,7 +114,7 @@ def _shard_path(root: str, k: int) -> str:
 
 def _extract_sharded(name: str, spec: dict, forward: extract.Forward, params, *,
                      pp_fn: Callable, batch_size: int, shard_size: int, shard_root: Optional[str],
-                     log: Log) -> Arrays:
+                     log: Log, warm: Sequence[extract.Forward] = ()) -> Arrays:
   """One set through the model, written to `shard_root` in shards of about `shard_size`
   examples as it goes, so that a rerun after a kill resumes at the shard in flight.
 
@@ -147,7 +147,7 @@ def _extract_sharded(name: str, spec: dict, forward: extract.Forward, params, *,
     rows.add(d)
   del done
   shard_start, step = rows.size, n_done * steps_per_shard
-  for chunk in forward.chunks(params, it, steps=steps, log=log):
+  for chunk in forward.chunks(params, it, steps=steps, log=log, warm=warm):
     rows.add(chunk)
     step += 1
     if steps_per_shard and step % steps_per_shard == 0 and step < steps:
@@ -183,22 +183,30 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
 
   The compiled forward is built once per run, not per set: one `extract.Forward` without
   input scorers (the fit set) and one with them (every other set), each compiling once for the
-  per-device batch shape. Pass the same `forwards` dict to several calls with the same
+  per-device batch shape; the sets in the cache are loaded first, and while the first set is
+  extracted the other Forward compiles in the background (`extract.Forward.warm`). Pass the
+  same `forwards` dict to several calls with the same
   `model()` predict_fn and detectors (e.g. the evaluator, every evaluation) to reuse their
   compilations across calls too.
   """
   forwards = {} if forwards is None else forwards
-  out = {}
+  out, todo = {}, {}
   reducers = layer_reducers(dets)
-  for name, spec in specs.items():
-    names = input_scorer_names(dets, name)
+  for name, spec in specs.items():   # first what the cache has (every process agrees)
     cols = set_columns(dets, name)
     arrays = load(name, spec, cols) if load else None
     if not distributed.all_agree(arrays is not None):
       arrays = None
     if arrays is None:
-      predict, params = model()
-      key = (predict, tuple(names), reducers)
+      todo[name] = cols
+    else:
+      out[name] = arrays
+  if todo:
+    predict, params = model()
+    keys = {}
+    for name in todo:   # every Forward the run needs, so that each can compile ahead
+      names = input_scorer_names(dets, name)
+      key = keys[name] = (predict, tuple(names), reducers)
       if key not in forwards:
         predict_out = layer_lib.out_variant(predict) if reducers else None
         if reducers and predict_out is None:
@@ -208,21 +216,25 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
         forwards[key] = extract.Forward(
             predict, mesh, input_scorers=input_scorers(dets, names, predict, input_std),
             layers=reducers if predict_out is not None else (), predict_out=predict_out)
-      t = time.time()
-      root = shard_root(name, spec, cols, batch_size, shard_size) if shard_root else None
-      arrays = _extract_sharded(name, spec, forwards[key], params, pp_fn=pp_fn,
-                                batch_size=batch_size, shard_size=shard_size,
-                                shard_root=root, log=log)
-      if save:
-        save(name, spec, cols, arrays, time.time() - t)
-      if root:
-        # every process has saved its rows of the set (so no longer needs its shards)
-        distributed.sync(f"fi_jax shards {name}")
-        if jax.process_index() == 0:
-          cache.remove(root)
-      log(f"{name}: done in {time.time() - t:.1f} s")
+    later = list(dict.fromkeys(forwards[keys[name]] for name in todo))
+  for name, cols in todo.items():
+    spec, forward = specs[name], forwards[keys[name]]
+    t = time.time()
+    root = shard_root(name, spec, cols, batch_size, shard_size) if shard_root else None
+    later = [f for f in later if f is not forward]   # they compile while this set runs
+    arrays = _extract_sharded(name, spec, forward, params, pp_fn=pp_fn,
+                              batch_size=batch_size, shard_size=shard_size,
+                              shard_root=root, log=log, warm=later)
+    if save:
+      save(name, spec, cols, arrays, time.time() - t)
+    if root:
+      # every process has saved its rows of the set (so no longer needs its shards)
+      distributed.sync(f"fi_jax shards {name}")
+      if jax.process_index() == 0:
+        cache.remove(root)
+    log(f"{name}: done in {time.time() - t:.1f} s")
     out[name] = arrays
-  return out
+  return {name: out[name] for name in specs}
 
 
 def collect_sets(local: Mapping[str, Arrays],

@@ -108,3 +108,37 @@ def test_block_scoring_matches_one_call(name, monkeypatch):
   blocked = np.asarray(det.score(state, test))
   assert blocked.shape == (150,)
   np.testing.assert_allclose(blocked, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_a_later_forward_compiles_in_the_background_once():
+  """chunks(..., warm=(other,)) compiles the other Forward's step in a background thread while
+  the first set runs; the other Forward's own first step reuses it (one compile in all) and
+  its rows are those of a Forward that was never warmed."""
+  import threading
+  import jax.numpy as jnp
+  from fi_jax import distributed, extract
+  threads: collections.Counter = collections.Counter()
+
+  def listener(event, duration, **kw):
+    del duration
+    if event == "/jax/core/compile/backend_compile_duration" and kw.get("fun_name") == "jit(step)":
+      background = threading.current_thread().name.startswith("fi_jax-compile")
+      threads["background" if background else "caller"] += 1
+  predict = lambda p, x: (x.reshape(len(x), -1) @ p["w"], x.reshape(len(x), -1))
+  params = {"w": jnp.asarray(np.random.default_rng(0).standard_normal((12, 3)), jnp.float32)}
+  batches = [{"image": np.full((8, 2, 2, 3), i, np.float32), "label": np.zeros(8, np.int64),
+              "group": np.zeros(8, np.int64), "_id": np.arange(8 * i, 8 * i + 8),
+              "_mask": np.ones(8, bool)} for i in range(3)]
+  mesh = distributed.data_mesh()
+  scorer = {"sum": lambda p, x: jnp.sum(x.reshape(len(x), -1), 1)}
+  plain, scored = extract.Forward(predict, mesh), extract.Forward(predict, mesh, input_scorers=scorer)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    list(plain.chunks(params, batches, warm=(scored,)))
+    got = list(scored.chunks(params, batches))
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert threads == {"caller": 1, "background": 1}, threads   # one each; scored's ahead
+  want = list(extract.Forward(predict, mesh, input_scorers=scorer).chunks(params, batches))
+  for g, w in zip(got, want, strict=True):
+    assert sorted(g) == sorted(w) and all(np.array_equal(g[k], w[k]) for k in g)
