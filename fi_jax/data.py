@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from fi_jax import preprocess
 from fi_jax.models import imagenet_names
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -28,10 +29,7 @@ os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # silences TF's oneDNN banner; TF only preprocesses
 
 
-def _tf():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (lazy: TF costs ~6 s)
-  tf.config.set_visible_devices([], "GPU")  # TF must never take accelerator memory from JAX
-  return tf
+_tf = preprocess.tf_module   # TF on first use, GPUs hidden from it
 
 
 @dataclasses.dataclass

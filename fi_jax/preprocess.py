@@ -19,6 +19,7 @@ the pixels equal the reference's `transforms` on the same files.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import math
 from typing import Callable, Sequence
@@ -42,14 +43,22 @@ def register(fn: Callable[..., Op]) -> Callable[..., Op]:
   return fn
 
 
+@functools.cache
+def tf_module():
+  """`tensorflow`, imported on first use with the GPUs hidden from it: TF only preprocesses on
+  the host and must never take accelerator memory from JAX. The one place fi_jax imports TF
+  (several seconds: a rerun whose sets are all cached never does)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.set_visible_devices([], "GPU")
+  return tf
+
+
 class _LazyTF:
-  """`tensorflow`, imported on first attribute use: the ops are built when a config is read,
-  but TF (several seconds to import) is needed only once a set is really preprocessed, and a
-  rerun whose sets are all cached never does."""
+  """`tf_module()` on first attribute use: the ops are built when a config is read, but TF is
+  needed only once a set is really preprocessed."""
 
   def __getattr__(self, name):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (costs seconds: on first use)
-    return getattr(tf, name)
+    return getattr(tf_module(), name)
 
 
 _TF = _LazyTF()

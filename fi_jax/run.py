@@ -133,7 +133,7 @@ def build_model(config, log: Log, params_cache: Optional[str] = None):
 
 def preprocess_arrays(pp: str, images: np.ndarray) -> np.ndarray:
   """Applies a pp string to in-memory images (the trainer sees exactly what extraction sees)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy, ~6 s: only the demo trains)
+  tf = preprocess.tf_module()   # heavy: only the demo trains
   fn = preprocess.get_preprocess_fn(pp)
   ds = tf.data.Dataset.from_tensor_slices({"image": images}).map(fn).batch(4096)
   return np.concatenate([b["image"] for b in ds.as_numpy_iterator()]).astype(np.float32)

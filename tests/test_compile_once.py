@@ -131,7 +131,8 @@ def test_a_later_forward_compiles_in_the_background_once():
               "_mask": np.ones(8, bool)} for i in range(3)]
   mesh = distributed.data_mesh()
   scorer = {"sum": lambda p, x: jnp.sum(x.reshape(len(x), -1), 1)}
-  plain, scored = extract.Forward(predict, mesh), extract.Forward(predict, mesh, input_scorers=scorer)
+  plain = extract.Forward(predict, mesh)
+  scored = extract.Forward(predict, mesh, input_scorers=scorer)
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
     list(plain.chunks(params, batches, warm=(scored,)))

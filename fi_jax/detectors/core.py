@@ -129,7 +129,6 @@ def bin_index(x, edges) -> jax.Array:
   return jax.lax.cond(_guess_within_one_bin(edges, lo, scale), guessed, searched, x)
 
 
-
 # ----------------------------------------------------------------------------- contract
 
 class Detector(abc.ABC):

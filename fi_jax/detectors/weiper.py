@@ -170,11 +170,12 @@ def _logit_bounds(h, wt, bt, wt_max):
   |z32 - z~| for every entry of the row. Only [B]-sized vectors are computed in the compute
   dtype; the [B, r C] block stays float32 and is reduced as it is produced."""
   hh = fc(h)
-  z = matmul(jnp.asarray(h, jnp.float32), jnp.asarray(wt, jnp.float32)) + jnp.asarray(bt, jnp.float32)
+  f32 = lambda a: jnp.asarray(a, jnp.float32)   # noqa: E731
+  z = matmul(f32(h), f32(wt)) + f32(bt)
   zmin, zmax = fc(z.min(1)), fc(z.max(1))
-  d, f32 = h.shape[1], np.finfo(np.float32)
-  err = ((1.5 * d * float(f32.eps)) * jnp.linalg.norm(hh, axis=1) * fc(wt_max)
-         + float(f32.eps) * jnp.maximum(jnp.abs(zmin), jnp.abs(zmax)) + d * float(f32.tiny))
+  d, fi = h.shape[1], np.finfo(np.float32)
+  err = ((1.5 * d * float(fi.eps)) * jnp.linalg.norm(hh, axis=1) * fc(wt_max)
+         + float(fi.eps) * jnp.maximum(jnp.abs(zmin), jnp.abs(zmax)) + d * float(fi.tiny))
   return (jnp.stack([zmin - err, zmin + err, zmax - err, zmax + err]),
           jnp.stack([hh.min(), hh.max()]))
 
