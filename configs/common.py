@@ -95,6 +95,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.cache_shard_size = 4096       # examples per shard of an extraction (a killed run resumes there)
   c.compilation_cache_dir = "~/.cache/fi_jax/jax_cache"   # JAX's persistent compilation
   #                                 cache ('' = off): a rerun compiles nothing
+  c.compile_ahead = True          # while a model trains, compile the rest of the run (fi_jax.ahead)
   c.nonfinite = "error"           # non-finite features/logits: 'error' | 'drop' (rows, counted)
   return c
 

@@ -100,11 +100,14 @@ class Forward:
     self.step = jax.jit(step, out_shardings=self._split)
     self._warming: Optional[concurrent.futures.Future] = None
 
-  def warm(self, params, batch) -> None:
+  def warm(self, params, batch, wait: bool = False) -> None:
     """Starts compiling the step for (params, global batch)'s shapes and shardings in the
-    background (once); the first step of `chunks` waits for it, so it never compiles twice."""
+    background (once); the first step of `chunks` waits for it, so it never compiles twice.
+    With `wait`, returns when the compilation is done."""
     if self._warming is None:
       self._warming = _COMPILER.submit(lambda: self.step.lower(params, batch).compile())
+    if wait:
+      self._wait_warm()
 
   def _wait_warm(self) -> None:
     if self._warming is not None:

@@ -95,6 +95,30 @@ def input_scorers(dets: Mapping[str, Any], names: Sequence[str], predict: extrac
   return {n: scorer(dets[n]) for n in names}
 
 
+def plan_forwards(names: Sequence[str], dets: Mapping[str, Any], predict: extract.PredictFn,
+                  mesh, input_std: Sequence[float], forwards: dict,
+                  log: Log = _no_log) -> dict[str, extract.Forward]:
+  """{set name: the `extract.Forward` that extracts it}: one per (predict_fn, input scorers,
+  layer reducers), taken from `forwards` or created there (so that callers sharing the dict
+  share the compiled steps)."""
+  reducers = layer_reducers(dets)
+  out = {}
+  for name in names:
+    scorer_names = input_scorer_names(dets, name)
+    key = (predict, tuple(scorer_names), reducers)
+    if key not in forwards:
+      predict_out = layer_lib.out_variant(predict) if reducers else None
+      if reducers and predict_out is None:
+        log("the predict function has no variant that returns the model's out: no layer "
+            "columns; the layer detectors (" + ", ".join(
+                n for n, d in dets.items() if "layers" in d.needs) + ") will fail")
+      forwards[key] = extract.Forward(
+          predict, mesh, input_scorers=input_scorers(dets, scorer_names, predict, input_std),
+          layers=reducers if predict_out is not None else (), predict_out=predict_out)
+    out[name] = forwards[key]
+  return out
+
+
 def _finished_shards(root: str, log: Log) -> list[Arrays]:
   """This process's shards of an interrupted extraction under `root`, in order, up to the
   first one that is missing or damaged (that one and every later one are recomputed)."""
@@ -191,7 +215,6 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
   """
   forwards = {} if forwards is None else forwards
   out, todo = {}, {}
-  reducers = layer_reducers(dets)
   for name, spec in specs.items():   # first what the cache has (every process agrees)
     cols = set_columns(dets, name)
     arrays = load(name, spec, cols) if load else None
@@ -203,22 +226,10 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
       out[name] = arrays
   if todo:
     predict, params = model()
-    keys = {}
-    for name in todo:   # every Forward the run needs, so that each can compile ahead
-      names = input_scorer_names(dets, name)
-      key = keys[name] = (predict, tuple(names), reducers)
-      if key not in forwards:
-        predict_out = layer_lib.out_variant(predict) if reducers else None
-        if reducers and predict_out is None:
-          log("the predict function has no variant that returns the model's out: no layer "
-              "columns; the layer detectors (" + ", ".join(
-                  n for n, d in dets.items() if "layers" in d.needs) + ") will fail")
-        forwards[key] = extract.Forward(
-            predict, mesh, input_scorers=input_scorers(dets, names, predict, input_std),
-            layers=reducers if predict_out is not None else (), predict_out=predict_out)
-    later = list(dict.fromkeys(forwards[keys[name]] for name in todo))
+    set_forwards = plan_forwards(list(todo), dets, predict, mesh, input_std, forwards, log)
+    later = list(dict.fromkeys(set_forwards.values()))
   for name, cols in todo.items():
-    spec, forward = specs[name], forwards[keys[name]]
+    spec, forward = specs[name], set_forwards[name]
     t = time.time()
     root = shard_root(name, spec, cols, batch_size, shard_size) if shard_root else None
     later = [f for f in later if f is not forward]   # they compile while this set runs
@@ -334,7 +345,8 @@ def _with_stat(out: detectors.Outputs, arrays: Arrays, name: str) -> detectors.O
 
 def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detectors.Head, *,
                log: Log = _no_log, keep_going: bool = False,
-               nonfinite: str = "error") -> tuple[dict, dict]:
+               nonfinite: str = "error", stop: Optional[Any] = None,
+               on_scores: Optional[Callable[[str, dict], None]] = None) -> tuple[dict, dict]:
   """Fits every detector on "id_fit" and scores every other set, all inside one
   `detectors.shared()` scope (work common to several detectors is done once).
 
@@ -342,7 +354,9 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
   contain NaN or inf on any set fails (`check_finite_scores`) and gets no scores. With
   `keep_going`, a detector that fails is logged and reported in the errors instead of ending
   the run. `nonfinite` ("error" | "drop") is passed to `Detector.fit`: what a fit row with a
-  NaN or inf does.
+  NaN or inf does. With `stop` (a threading.Event), it returns early once `stop` is set (the
+  detector in progress finishes). `on_scores(detector, {set name: scores})` is called with
+  each detector's finite scores as soon as they exist (e.g. report.HistWriter.submit).
   """
   fit = outputs_of(sets["id_fit"])
   # one Outputs per set, so that detectors.shared() recognises the same arrays across detectors
@@ -353,6 +367,8 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
   scores, errors = {}, {}
   with detectors.shared(dets.values()):
     for name, det in dets.items():
+      if stop is not None and stop.is_set():
+        break
       t = time.time()
       try:
         if getattr(det, "fit_inputs", False):   # fits on / scores its extraction-time stats
@@ -369,6 +385,8 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
           per_set = {s: np.asarray(det.score(state, out)) for s, out in test_sets.items()}
         check_finite_scores(name, per_set)
         scores[name] = per_set
+        if on_scores is not None:
+          on_scores(name, per_set)
         log(f"  {name}: {time.time() - t:.2f} s")
       except Exception as e:  # pylint: disable=broad-except  (one detector must not sink the run)
         if not keep_going:

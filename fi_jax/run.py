@@ -33,6 +33,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from fi_jax import (cache, data, detectors, distributed, features, pipeline, preflight,
                     preprocess, report, train, validate)
+from fi_jax import ahead as ahead_lib
 from fi_jax import layers as layer_lib
 from fi_jax.models import checkpoints, releases
 from fi_jax.models.convert import readers
@@ -84,11 +85,15 @@ def default_predictor(model, params, config):
   return predict, head
 
 
-def build_model(config, log: Log, params_cache: Optional[str] = None):
+def build_model(config, log: Log, params_cache: Optional[str] = None,
+                on_train_start: Optional[Callable] = None):
   """Returns (predict_fn, params, head, model_meta).
 
   With `params_cache` (a cache entry path), trained parameters are saved there and a later
-  build with the same model key loads them instead of training again.
+  build with the same model key loads them instead of training again. When it trains,
+  `on_train_start(predict_fn, params, head)` is called first, with zeros of the parameters'
+  shapes (what depends only on shapes compiles meanwhile: fi_jax.ahead); with the default
+  predictor the returned predict_fn is that same function object.
   """
   t0 = time.time()
   mod = model_module(config.model_name)
@@ -98,6 +103,14 @@ def build_model(config, log: Log, params_cache: Optional[str] = None):
   init = lambda: model.init(jax.random.PRNGKey(config.seed),
                             jnp.zeros(init_shape, jnp.float32))["params"]
   load_kw = to_dict(config.get("model_load", {}))
+  factory = getattr(mod, "predictor", None) or default_predictor
+  trained = cache.load(params_cache, log=log) if config.get("train") and params_cache else None
+  early = None
+  if config.get("train") and trained is None and on_train_start is not None:
+    # zeros of the parameters' shapes: what compiles ahead depends on nothing else
+    zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(init))
+    early = factory(model, zeros, config)
+    on_train_start(early[0], zeros, early[1])
   if config.get("model_init") and not config.get("train") and not load_kw.get("dont_load"):
     params = jax.eval_shape(init)   # shapes only: every value comes from the checkpoint
   else:
@@ -108,7 +121,6 @@ def build_model(config, log: Log, params_cache: Optional[str] = None):
     params = mod.load(params, config.model_init, model_cfg, **load_kw)
     meta["model_init"] = config.model_init
     log(f"Loaded {config.model_init} ({time.time() - t:.1f} s).")
-  trained = cache.load(params_cache, log=log) if config.get("train") and params_cache else None
   if trained is not None:
     params = jax.tree.map(jnp.asarray, checkpoints.recover_tree(trained))
     meta["trained_params_from_cache"] = params_cache
@@ -125,8 +137,9 @@ def build_model(config, log: Log, params_cache: Optional[str] = None):
     if params_cache and jax.process_index() == 0:
       cache.save(params_cache, {k: np.asarray(v) for k, v in checkpoints.flatten(params).items()},
                  {"model_name": config.model_name, "train": tcfg})
-  factory = getattr(mod, "predictor", None) or default_predictor
   predict, head = factory(model, params, config)
+  if early is not None and factory is default_predictor:
+    predict = early[0]   # it takes the params as an argument: what compiled ahead is reused
   meta["build_seconds"] = round(time.time() - t0, 2)
   return predict, params, head, meta
 
@@ -218,11 +231,12 @@ class LazyModel:
     self.config, self.log, self._built = config, log, None
     self.params_cache = (os.path.join(workdir, "cache", model_key(config), "params")
                          if workdir and config.get("cache", True) else None)
+    self.on_train_start: Optional[Callable] = None   # see build_model
 
   def get(self):
     """(predict_fn, params, head, model_meta)."""
     if self._built is None:
-      self._built = build_model(self.config, self.log, self.params_cache)
+      self._built = build_model(self.config, self.log, self.params_cache, self.on_train_start)
     return self._built
 
 
@@ -233,14 +247,18 @@ def set_path(config, workdir: str, name: str, spec: dict, columns) -> str:
           + cache.key_of(spec, sorted(columns)))
 
 
-def extract_sets(config, model: LazyModel, workdir: str, log: Log,
-                 dets: dict) -> dict[str, dict[str, np.ndarray]]:
+def extract_sets(config, model: LazyModel, workdir: str, log: Log, dets: dict,
+                 ahead: Optional[ahead_lib.CompileAhead] = None,
+                 ) -> dict[str, dict[str, np.ndarray]]:
   """Features/logits of every set, from the cache or by running the model (then cached). A set's
   cache key includes its column names (input scorers, layer reducers: pipeline.column_names),
   so a set extracted with other columns is another entry.
 
   With several processes each process gets, loads and caches only its own rows of each set
-  (`cache.part`); `pipeline.collect_sets` brings them together on process 0."""
+  (`cache.part`); `pipeline.collect_sets` brings them together on process 0.
+
+  With `ahead` (one process), the forwards, detectors and metrics compile in its thread while
+  the model trains (fi_jax.ahead); the caller calls `ahead.finish()` before its detectors."""
   path = lambda name, spec, columns: set_path(config, workdir, name, spec, columns)
   own = lambda p: cache.part(p, jax.process_index(), jax.process_count())
 
@@ -262,12 +280,21 @@ def extract_sets(config, model: LazyModel, workdir: str, log: Log,
     return (path(name, spec, columns) + ".shards-"
             + cache.key_of(batch_size, shard_size, jax.process_count()))
 
+  specs, forwards = set_specs(config), {}
+  common = dict(pp_fn=preprocess.get_preprocess_fn(config.pp), batch_size=config.batch_size,
+                mesh=distributed.data_mesh(),
+                input_std=config.get("input_std", (0.5, 0.5, 0.5)))
+  if ahead is not None and jax.process_count() == 1:
+    mcfg = to_dict(config.get("metrics", {}))
+    metric_kw = dict(tpr=mcfg.get("tpr", 0.95), per_group=mcfg.get("per_group", True),
+                     n_bootstrap=mcfg.get("n_bootstrap", 0), seed=config.seed)
+    model.on_train_start = lambda predict, params, head: ahead.start(
+        specs, dets, predict, params, head, forwards, metric_kw=metric_kw,
+        nonfinite=config.get("nonfinite", "error"), **common)
   return pipeline.extract_sets(
-      set_specs(config), lambda: model.get()[:2], dets,
-      pp_fn=preprocess.get_preprocess_fn(config.pp), batch_size=config.batch_size,
-      mesh=distributed.data_mesh(), input_std=config.get("input_std", (0.5, 0.5, 0.5)),
-      log=log, load=load, save=save, shard_size=config.get("cache_shard_size", 0),
-      shard_root=shard_root if config.get("cache", True) else None)
+      specs, lambda: model.get()[:2], dets, log=log, load=load, save=save,
+      shard_size=config.get("cache_shard_size", 0),
+      shard_root=shard_root if config.get("cache", True) else None, forwards=forwards, **common)
 
 
 def cached_head(config, model: LazyModel, workdir: str, log: Log = _log_default):
@@ -382,12 +409,16 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
                      "the others while some come from files).")
   else:
     model = LazyModel(config, log, workdir)
+    ahead = ahead_lib.CompileAhead() if config.get("compile_ahead", True) else None
     try:
-      sets = extract_sets(config, model, workdir, log, dets)
+      sets = extract_sets(config, model, workdir, log, dets, ahead)
     except KeyboardInterrupt:
       log(f"\nInterrupted: {_kept_sets(workdir)} finished set(s) kept in "
           f"{os.path.join(workdir, 'cache')}; rerun the same command to resume.")
       raise
+    finally:
+      if ahead is not None:
+        ahead.finish()   # before the detectors: the two never run detectors at once
     head = cached_head(config, model, workdir, log)
     model_meta = model.get()[3] if model._built else {  # pylint: disable=protected-access
         "model_name": config.model_name, "model": to_dict(config.model), "from_cache": True}
@@ -430,8 +461,13 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
 
   t = time.time()
   log(f"Detectors ({len(dets)}):")
+  rcfg = to_dict(config.get("report", {}))
+  # each detector's histogram is drawn in the background while the next detectors run
+  hists = (report.HistWriter(workdir, [s[len("ood/"):] for s in specs if s.startswith("ood/")])
+           if jax.process_index() == 0 and rcfg.get("plots", True) else None)
   scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True,
-                                       nonfinite=config.get("nonfinite", "error"))
+                                       nonfinite=config.get("nonfinite", "error"),
+                                       on_scores=hists.submit if hists else None)
   timings["detectors"] = time.time() - t
   t = time.time()
   if jax.process_index() == 0:   # first: a failure in the metrics or the report keeps them
@@ -468,10 +504,10 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
   if jax.process_index() == 0:
     t = time.time()
     results["meta"].update(report_extras(specs, sets))
-    rcfg = to_dict(config.get("report", {}))
     if rcfg.get("plots", True) and rows:
       try:
-        report.write_plots(workdir, results, scores, top=int(rcfg.get("plot_top", 5)))
+        report.write_plots(workdir, results, scores, top=int(rcfg.get("plot_top", 5)),
+                           hists=hists)
       except Exception as e:  # pylint: disable=broad-except  (plots must not cost the results)
         results["meta"]["plot_error"] = f"{type(e).__name__}: {e}"
         log(f"Plots failed ({results['meta']['plot_error']}); the results files are written "
