@@ -17,8 +17,9 @@ keeps ~1.2 of 2 cores busy). `CompileAhead.start` runs in a background thread:
 
 Nothing computed here is kept except compilations (and JAX's persistent compilation cache,
 when on), so the results are bit-identical to a run without it; a detector that fails on the
-synthetic rows just compiles later. `finish` (before the real detector stage) stops the thread
-after the detector it is on: the two never run detectors at the same time.
+synthetic rows just compiles later. The thread goes on into the run's own detector stage,
+taking the detectors from the back while the stage takes them from the front
+(`CompileAhead.claim`); each thread has its own `detectors.shared()` scope.
 """
 from __future__ import annotations
 
@@ -61,11 +62,13 @@ def compile_ahead(specs: Mapping[str, dict], dets: Mapping[str, Any], predict, p
                   head: detectors.Head, forwards: dict, *, pp_fn: Callable, batch_size: int,
                   mesh, input_std: Sequence[float], metric_kw: Mapping[str, Any],
                   nonfinite: str = "error", stop: Optional[threading.Event] = None,
+                  take: Optional[Callable[[str], bool]] = None,
                   max_rows: int = MAX_ROWS) -> list[str]:
   """Compiles the forwards, detectors and metrics of a run for its sets' shapes (see the
-  module docstring), one after the other; returns the detectors it fitted and scored.
-  `params` / `head`: any values with the trained ones' structure, shapes and dtypes (e.g.
-  zeros); `forwards`: the dict `pipeline.extract_sets` gets."""
+  module docstring), one after the other, the detectors from the last one back; returns the
+  detectors it fitted and scored. `params` / `head`: any values with the trained ones'
+  structure, shapes and dtypes (e.g. zeros); `forwards`: the dict `pipeline.extract_sets`
+  gets; `take(name)`: whether to do that detector (`CompileAhead` passes its claim)."""
   stop = stop or threading.Event()
   set_forwards = pipeline.plan_forwards(list(specs), dets, predict, mesh, input_std, forwards)
   fake, rows = {}, 0
@@ -93,19 +96,27 @@ def compile_ahead(specs: Mapping[str, dict], dets: Mapping[str, Any], predict, p
                              if s != "id_fit"}}, fake, **metric_kw)
   pipeline.id_accuracy(fake["id_test"])
   head = detectors.Head(*(jax.numpy.asarray(np.asarray(a)) for a in (head.w, head.b)))
-  scores, _ = pipeline.score_sets(dets, fake, head, keep_going=True, nonfinite=nonfinite,
-                                  stop=stop)
+  backwards = dict(reversed(list(dets.items())))   # the run's own stage starts at the front
+  scores, _ = pipeline.score_sets(backwards, fake, head, keep_going=True, nonfinite=nonfinite,
+                                  stop=stop, take=take)
   return list(scores)
 
 
 class CompileAhead:
-  """`compile_ahead` in a daemon thread: `start(...)` (same arguments), then `finish()` before
-  the run's own detector stage. Any error in the thread is ignored (the run compiles what it
-  needs itself)."""
+  """`compile_ahead` in a daemon thread, sharing the detectors with the run's own detector
+  stage: `start(...)` (same arguments) when training starts; the stage passes `claim` as
+  `pipeline.score_sets(take=...)`; `finish()` after it. The thread takes the detectors from
+  the last one back, the stage from the first one on, each claiming a detector before it runs
+  it: where they meet the thread stops, and a detector the thread is still compiling when the
+  stage reaches it is waited for (not compiled twice). Any error in the thread is ignored (the
+  run compiles what it needs itself)."""
 
   def __init__(self):
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
+    self._cond = threading.Condition()
+    self._current: Optional[str] = None     # the detector the thread is running
+    self._claimed: set[str] = set()         # the detectors the run's stage has reached
     self.ran: list[str] = []
     self.error: Optional[str] = None
 
@@ -118,15 +129,41 @@ class CompileAhead:
     def body():
       try:
         self.ran = compile_ahead(specs, dets, predict, params, head, forwards,
-                                 stop=self._stop, **kwargs)
+                                 stop=self._stop, take=self._take, **kwargs)
       except Exception as e:  # pylint: disable=broad-except  (only a head start is lost)
         self.error = f"{type(e).__name__}: {e}"
+      finally:
+        self._take(None)   # nothing in progress any more
     self._thread = threading.Thread(target=body, name="fi_jax-ahead", daemon=True)
     self._thread.start()
 
-  def finish(self) -> None:
-    """Stops after the detector in progress and waits for it."""
+  def _take(self, name: Optional[str]) -> bool:
+    """The thread's claim: the previous detector is done; runs `name` unless the stage has
+    reached it (then everything before it is the stage's: the thread stops)."""
+    with self._cond:
+      self._current = None
+      self._cond.notify_all()
+      if name is None or self._stop.is_set():
+        return False
+      if name in self._claimed:
+        self._stop.set()
+        return False
+      self._current = name
+      return True
+
+  def claim(self, name: str) -> bool:
+    """The run's stage reaches detector `name`: the thread will not start it, and if it is
+    running it now, this waits until it is done. Always true (the stage runs every one)."""
+    with self._cond:
+      self._claimed.add(name)
+      while self._current == name:
+        self._cond.wait()
+    return True
+
+  def finish(self, wait: bool = True) -> None:
+    """Stops the thread after the detector in progress; with `wait`, waits for it (a run that
+    failed or was interrupted does not: the daemon thread ends with the process)."""
     self._stop.set()
-    if self._thread is not None:
+    if self._thread is not None and wait:
       self._thread.join()
       self._thread = None

@@ -346,6 +346,7 @@ def _with_stat(out: detectors.Outputs, arrays: Arrays, name: str) -> detectors.O
 def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detectors.Head, *,
                log: Log = _no_log, keep_going: bool = False,
                nonfinite: str = "error", stop: Optional[Any] = None,
+               take: Optional[Callable[[str], bool]] = None,
                on_scores: Optional[Callable[[str, dict], None]] = None) -> tuple[dict, dict]:
   """Fits every detector on "id_fit" and scores every other set, all inside one
   `detectors.shared()` scope (work common to several detectors is done once).
@@ -355,7 +356,9 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
   `keep_going`, a detector that fails is logged and reported in the errors instead of ending
   the run. `nonfinite` ("error" | "drop") is passed to `Detector.fit`: what a fit row with a
   NaN or inf does. With `stop` (a threading.Event), it returns early once `stop` is set (the
-  detector in progress finishes). `on_scores(detector, {set name: scores})` is called with
+  detector in progress finishes); with `take`, a detector runs only if `take(name)` (called
+  just before it) is true (fi_jax.ahead shares the detectors between two threads this way).
+  `on_scores(detector, {set name: scores})` is called with
   each detector's finite scores as soon as they exist (e.g. report.HistWriter.submit).
   """
   fit = outputs_of(sets["id_fit"])
@@ -369,6 +372,8 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
     for name, det in dets.items():
       if stop is not None and stop.is_set():
         break
+      if take is not None and not take(name):
+        continue
       t = time.time()
       try:
         if getattr(det, "fit_inputs", False):   # fits on / scores its extraction-time stats

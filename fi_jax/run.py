@@ -23,6 +23,7 @@ import hashlib
 import importlib
 import os
 import platform
+import sys
 import time
 from typing import Any, Callable, Mapping, Optional
 
@@ -257,8 +258,9 @@ def extract_sets(config, model: LazyModel, workdir: str, log: Log, dets: dict,
   With several processes each process gets, loads and caches only its own rows of each set
   (`cache.part`); `pipeline.collect_sets` brings them together on process 0.
 
-  With `ahead` (one process), the forwards, detectors and metrics compile in its thread while
-  the model trains (fi_jax.ahead); the caller calls `ahead.finish()` before its detectors."""
+  With `ahead` (one process), the forwards, metrics and detectors compile in its thread while
+  the model trains (fi_jax.ahead); the caller's detector stage claims the detectors from it
+  (`ahead.claim`) and calls `ahead.finish()` after."""
   path = lambda name, spec, columns: set_path(config, workdir, name, spec, columns)
   own = lambda p: cache.part(p, jax.process_index(), jax.process_count())
 
@@ -399,49 +401,52 @@ def run(config, workdir: str, log: Log = _log_default) -> dict:
   if random_init and not config.get("model_init"):
     log("WARNING: random_init=True: the model has random weights (not a released model).")
 
-  from_features = [features.is_features_spec(s) for s in specs.values()]
-  t = time.time()
-  on_0_only = False   # whether only process 0 holds every set (and scores them)
-  if all(from_features):
-    sets, head, model_meta = feature_sets(config, specs, dets)
-  elif any(from_features):
-    raise ValueError("Either every set or none is source='features' (a model cannot extract "
-                     "the others while some come from files).")
-  else:
-    model = LazyModel(config, log, workdir)
-    ahead = ahead_lib.CompileAhead() if config.get("compile_ahead", True) else None
-    try:
-      sets = extract_sets(config, model, workdir, log, dets, ahead)
-    except KeyboardInterrupt:
-      log(f"\nInterrupted: {_kept_sets(workdir)} finished set(s) kept in "
-          f"{os.path.join(workdir, 'cache')}; rerun the same command to resume.")
-      raise
-    finally:
-      if ahead is not None:
-        ahead.finish()   # before the detectors: the two never run detectors at once
-    head = cached_head(config, model, workdir, log)
-    model_meta = model.get()[3] if model._built else {  # pylint: disable=protected-access
-        "model_name": config.model_name, "model": to_dict(config.model), "from_cache": True}
-    # several processes: process 0 reads every process's rows from the cache; the others
-    # drop theirs and wait for its results
-    sets = pipeline.collect_sets(sets, part_reader(config, workdir, specs, dets, log))
-    on_0_only = jax.process_count() > 1
-  timings["extract"] = time.time() - t   # includes building the model, if needed
-  if sets is None:
-    results = distributed.broadcast_json(None)
-    if "error" in results:
-      raise RuntimeError(f"process 0 failed, so this process stops too: {results['error']}")
-    return results
+  # its thread runs while the model trains and into the detector stage (fi_jax.ahead); if no
+  # model trains it never starts, and its claim just says yes
+  ahead = ahead_lib.CompileAhead()
   try:
-    results = _score_and_report(config, workdir, log, dets, specs, sets, head, model_meta,
-                                random_init, timings, t_start)
-  except Exception as e:
-    if on_0_only:   # the other processes are waiting for the results
-      distributed.broadcast_json({"error": f"{type(e).__name__}: {e}"})
-    raise
-  if on_0_only:
-    results = distributed.broadcast_json(results)
-  return results
+    from_features = [features.is_features_spec(s) for s in specs.values()]
+    t = time.time()
+    on_0_only = False   # whether only process 0 holds every set (and scores them)
+    if all(from_features):
+      sets, head, model_meta = feature_sets(config, specs, dets)
+    elif any(from_features):
+      raise ValueError("Either every set or none is source='features' (a model cannot extract "
+                       "the others while some come from files).")
+    else:
+      model = LazyModel(config, log, workdir)
+      try:
+        sets = extract_sets(config, model, workdir, log, dets,
+                            ahead if config.get("compile_ahead", True) else None)
+      except KeyboardInterrupt:
+        log(f"\nInterrupted: {_kept_sets(workdir)} finished set(s) kept in "
+            f"{os.path.join(workdir, 'cache')}; rerun the same command to resume.")
+        raise
+      head = cached_head(config, model, workdir, log)
+      model_meta = model.get()[3] if model._built else {  # pylint: disable=protected-access
+          "model_name": config.model_name, "model": to_dict(config.model), "from_cache": True}
+      # several processes: process 0 reads every process's rows from the cache; the others
+      # drop theirs and wait for its results
+      sets = pipeline.collect_sets(sets, part_reader(config, workdir, specs, dets, log))
+      on_0_only = jax.process_count() > 1
+    timings["extract"] = time.time() - t   # includes building the model, if needed
+    if sets is None:
+      results = distributed.broadcast_json(None)
+      if "error" in results:
+        raise RuntimeError(f"process 0 failed, so this process stops too: {results['error']}")
+      return results
+    try:
+      results = _score_and_report(config, workdir, log, dets, specs, sets, head, model_meta,
+                                  random_init, timings, t_start, ahead)
+    except Exception as e:
+      if on_0_only:   # the other processes are waiting for the results
+        distributed.broadcast_json({"error": f"{type(e).__name__}: {e}"})
+      raise
+    if on_0_only:
+      results = distributed.broadcast_json(results)
+    return results
+  finally:
+    ahead.finish(wait=sys.exc_info()[0] is None)   # an interrupt does not wait for it
 
 
 def part_reader(config, workdir: str, specs: dict, dets: dict, log: Log):
@@ -455,8 +460,9 @@ def part_reader(config, workdir: str, specs: dict, dets: dict, log: Log):
 
 def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, sets: dict,
                       head, model_meta: dict, random_init: bool, timings: dict,
-                      t_start: float) -> dict:
-  """Detectors, metric rows and the report files of every set's arrays (on one process)."""
+                      t_start: float, ahead: ahead_lib.CompileAhead) -> dict:
+  """Detectors, metric rows and the report files of every set's arrays (on one process);
+  `ahead`'s thread, if it runs, shares the detectors (`CompileAhead.claim`)."""
   sets, dropped = pipeline.drop_nonfinite(sets, config.get("nonfinite", "error"), log)
 
   t = time.time()
@@ -465,9 +471,13 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
   # each detector's histogram is drawn in the background while the next detectors run
   hists = (report.HistWriter(workdir, [s[len("ood/"):] for s in specs if s.startswith("ood/")])
            if jax.process_index() == 0 and rcfg.get("plots", True) else None)
-  scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True,
-                                       nonfinite=config.get("nonfinite", "error"),
-                                       on_scores=hists.submit if hists else None)
+  try:
+    scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True,
+                                         nonfinite=config.get("nonfinite", "error"),
+                                         take=ahead.claim,
+                                         on_scores=hists.submit if hists else None)
+  finally:
+    ahead.finish()
   timings["detectors"] = time.time() - t
   t = time.time()
   if jax.process_index() == 0:   # first: a failure in the metrics or the report keeps them

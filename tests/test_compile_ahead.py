@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import threading
+import time
 
 import jax
 import numpy as np
@@ -122,6 +123,70 @@ def test_finish_stops_after_the_detector_in_progress(monkeypatch):
   threading.Timer(0.2, release.set).start()
   job.finish()
   assert seen == ["a"] and job.ran == ["a"] and job.error is None
+
+
+def test_the_thread_and_the_stage_share_the_detectors(monkeypatch):
+  """The thread takes detectors from the back, the stage claims them from the front: each
+  detector is run by one of them only, the thread stops where they meet, and the stage waits
+  for a detector the thread is on instead of running it at the same time."""
+  names = [f"d{i}" for i in range(8)]
+  thread_ran, log = [], []
+  in_thread = threading.Event()
+
+  def fake_compile_ahead(*args, stop, take, **kwargs):
+    for name in reversed(names):
+      if stop.is_set():
+        break
+      if not take(name):
+        continue
+      log.append(("thread starts", name))
+      in_thread.set()
+      threading.Event().wait(0.05)
+      thread_ran.append(name)
+      log.append(("thread ends", name))
+    return list(thread_ran)
+  monkeypatch.setattr(ahead, "compile_ahead", fake_compile_ahead)
+  monkeypatch.setattr(pipeline, "plan_forwards", lambda *a, **k: {})
+  job = ahead.CompileAhead()
+  job.start({}, {}, None, None, None, {}, mesh=None, input_std=(0.5,))
+  assert in_thread.wait(5)
+  stage_ran = []
+  for name in names:
+    if name in thread_ran:
+      continue   # (the real stage runs it again, from the compilation caches)
+    assert job.claim(name)
+    log.append(("stage runs", name))
+    if name not in thread_ran:
+      stage_ran.append(name)
+  job.finish()
+  assert sorted(stage_ran + thread_ran) == sorted(names)
+  assert thread_ran[0] == "d7" and stage_ran[0] == "d0" and job.ran == thread_ran
+  for name in thread_ran:   # the stage never ran one the thread was still on
+    if ("stage runs", name) in log:
+      assert log.index(("thread ends", name)) < log.index(("stage runs", name))
+
+
+def test_a_claimed_detector_waits_for_the_thread(monkeypatch):
+  started, release = threading.Event(), threading.Event()
+
+  def fake_compile_ahead(*args, stop, take, **kwargs):
+    assert take("d1")
+    started.set()
+    release.wait(5)
+    return ["d1", "d0"] if take("d0") else ["d1"]
+  monkeypatch.setattr(ahead, "compile_ahead", fake_compile_ahead)
+  monkeypatch.setattr(pipeline, "plan_forwards", lambda *a, **k: {})
+  job = ahead.CompileAhead()
+  assert job.claim("d0")   # the stage reached d0 before the thread: the thread skips it
+  job.start({}, {}, None, None, None, {}, mesh=None, input_std=(0.5,))
+  assert started.wait(5)
+  timer = threading.Timer(0.3, release.set)
+  timer.start()
+  t0 = time.time()
+  assert job.claim("d1")   # the thread is on d1: wait for it
+  assert time.time() - t0 > 0.2 and release.is_set()
+  job.finish()
+  assert job.ran == ["d1"]
 
 
 def test_score_sets_stop_and_on_scores():

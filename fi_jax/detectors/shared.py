@@ -17,15 +17,21 @@ each, so an id cannot be reused while it is open):
   largest similarity (and top-k sum) for every k announced with `shared(detectors=...)`.
 
 Results are identical to unshared calls (the same functions on the same inputs); outside the
-scope nothing is cached. Memory: the scope keeps what it memoised (fit states, scores, one
+scope nothing is cached. A scope belongs to the thread that opened it: detectors running in
+another thread (fi_jax.ahead compiling ahead) have their own. Memory: the scope keeps what it memoised (fit states, scores, one
 [N, number of k] per query set and bank) until it closes.
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Callable, Hashable, Iterable, Optional
 
-_SCOPE: Optional["_Scope"] = None
+_LOCAL = threading.local()   # .scope: this thread's open scope (or absent)
+
+
+def _scope() -> Optional["_Scope"]:
+  return getattr(_LOCAL, "scope", None)
 
 
 class _Scope:
@@ -47,59 +53,63 @@ def shared(detectors: Iterable[Any] = ()):
   """Memoise shared work across the detectors called inside the block (see module doc).
   `detectors` (optional): the detectors that will run, so that nearest-neighbour detectors
   serve every k any of them needs from their first search. Nested scopes reuse the outer."""
-  global _SCOPE
   ks: dict[str, set] = {}
   for det in detectors:
     k = det.hparams.get("k") if hasattr(det, "hparams") else None
     if isinstance(k, int):
       ks.setdefault(det.name, set()).add(k)
-  if _SCOPE is not None:
+  outer = _scope()
+  if outer is not None:
     for name, v in ks.items():
-      _SCOPE.ks.setdefault(name, set()).update(v)
-    yield _SCOPE
+      outer.ks.setdefault(name, set()).update(v)
+    yield outer
     return
-  _SCOPE = _Scope(ks)
+  _LOCAL.scope = _Scope(ks)
   try:
-    yield _SCOPE
+    yield _LOCAL.scope
   finally:
-    _SCOPE = None
+    _LOCAL.scope = None
 
 
 def active() -> bool:
-  return _SCOPE is not None
+  return _scope() is not None
 
 
 def memo(objs: Iterable[Any], extra: tuple, compute: Callable[[], Any]) -> Any:
   """compute() once per (identities of objs, extra) inside a scope; plain compute() outside."""
-  if _SCOPE is None:
+  scope = _scope()
+  if scope is None:
     return compute()
-  key = _SCOPE.key(objs, extra)
-  if key in _SCOPE.entries:
-    _SCOPE.hits += 1
-    return _SCOPE.entries[key]
+  key = scope.key(objs, extra)
+  if key in scope.entries:
+    scope.hits += 1
+    return scope.entries[key]
   out = compute()
-  _SCOPE.entries[key] = out
+  scope.entries[key] = out
   return out
 
 
 def lookup(objs: Iterable[Any], extra: tuple, accept: Callable[[tuple, Any], bool]):
   """The first memoised value whose key starts with the identities of objs and whose
   (extra, value) `accept` approves; None outside a scope or when there is none."""
-  if _SCOPE is None:
+  scope = _scope()
+  if scope is None:
     return None
   ids = tuple(id(o) for o in objs)
-  for key, value in _SCOPE.entries.items():
+  for key, value in scope.entries.items():
     if key[:len(ids)] == ids and accept(key[len(ids):], value):
-      _SCOPE.hits += 1
+      scope.hits += 1
       return value
   return None
 
 
 def store(objs: Iterable[Any], extra: tuple, value: Any) -> None:
-  if _SCOPE is not None:
-    _SCOPE.entries[_SCOPE.key(objs, extra)] = value
+  scope = _scope()
+  if scope is not None:
+    scope.entries[scope.key(objs, extra)] = value
 
 
 def ks(name: str) -> frozenset:
   """The k announced for detector `name` in the scope (empty if none)."""
-  return frozenset() if _SCOPE is None else frozenset(_SCOPE.ks.get(name, ()))
+  scope = _scope()
+  return frozenset() if scope is None else frozenset(scope.ks.get(name, ()))
