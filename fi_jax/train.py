@@ -36,7 +36,7 @@ def train_classifier(model, params, images: np.ndarray, labels: np.ndarray, *, s
   warmup_steps = min(warmup_steps, steps // 2)   # short runs (tests) keep a decay phase
   sched = optax.warmup_cosine_decay_schedule(0., lr, max(warmup_steps, 1), max(steps, 2))
   tx = optax.adamw(sched, weight_decay=weight_decay)
-  opt_state = tx.init(params)
+  opt_state = jax.jit(tx.init)(params)   # one compilation, not one per parameter shape
   key = jax.random.PRNGKey(seed)
 
   def loss_fn(p, x, y, rng):

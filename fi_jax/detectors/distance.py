@@ -198,16 +198,26 @@ def _residual_norm(h, u, q):
   return jnp.linalg.norm(matmul(fc(h) - u, q), axis=-1)
 
 
+@jax.jit
+def _origin(w, b):
+  """u = -pinv(W) b (W = w^T) in the compute dtype (one compilation)."""
+  cd = cdtype()
+  return -matmul(jnp.linalg.pinv(jnp.asarray(w, cd).T), jnp.asarray(b, cd))
+
+
+@jax.jit
+def _sym_eigh(cov):
+  """Eigenvectors of the symmetrised matrix, by ascending eigenvalue."""
+  return jnp.linalg.eigh(0.5 * (cov + cov.T))[1]
+
+
 def _centre_eigh(train, head):
   """(u = -pinv(W) b, eigenvectors of Sigma_u by ascending eigenvalue)."""
-  cd = cdtype()
-  w = jnp.asarray(head.w, cd)
-  u = -matmul(jnp.linalg.pinv(w.T), jnp.asarray(head.b, cd))
+  u = _origin(head.w, head.b)
   # the plain scatter pass about the data's mean (shared with MDS, SSD, NECO), moved to u
   st = stats.moments(train, scatter=True)
-  cov = jnp.asarray(stats.second_moment(st, np.asarray(u, np.float64)), cd)
-  _, vecs = jnp.linalg.eigh(0.5 * (cov + cov.T))        # ascending eigenvalues
-  return u, vecs
+  cov = jnp.asarray(stats.second_moment(st, np.asarray(u, np.float64)), cdtype())
+  return u, _sym_eigh(cov)
 
 
 class Residual(Detector):
@@ -429,6 +439,19 @@ def _over_norm(num, x):
   return jnp.where(sq > 0, num / jnp.sqrt(sq), 0.0)
 
 
+@jax.jit
+def _inverse_class_distances(w):
+  """1 / |w_c - w_c'| for every class pair [C, C] (compute dtype); 0 on the diagonal and for
+  identical weight vectors (e.g. a zero-initialised head: no decision boundary, so the pair's
+  term is 0 instead of 0/0 or x/0; docs/detectors.md#fdbd)."""
+  w = jnp.asarray(w, cdtype())
+  sq = jnp.sum(w * w, 0)
+  d2 = sq[:, None] + sq[None, :] - 2.0 * matmul(w.T, w)
+  dist = jnp.sqrt(jnp.maximum(d2, 0.0))
+  dist = jnp.where(jnp.eye(dist.shape[0], dtype=bool), 1.0, dist)
+  return jnp.where(dist > 0, 1.0 / dist, 0.0)
+
+
 class FDBD(Detector):
   """fDBD (Liu & Qin): [sum_{c != yhat} (z_yhat - z_c) / |w_yhat - w_c|] / |h - mu| with mu
   the mean fit feature (distance_as_normalizer=True, OpenOOD default) or / |h| (False).
@@ -443,14 +466,7 @@ class FDBD(Detector):
 
   def _fit(self, train, head):
     cd = cdtype()
-    w = jnp.asarray(head.w, cd)
-    sq = jnp.sum(w * w, 0)
-    d2 = sq[:, None] + sq[None, :] - 2.0 * matmul(w.T, w)
-    dist = jnp.sqrt(jnp.maximum(d2, 0.0))
-    dist = jnp.where(jnp.eye(dist.shape[0], dtype=bool), 1.0, dist)
-    # identical weight vectors (e.g. a zero-initialised head) have no decision boundary: the
-    # pair's term is 0 instead of 0/0 or x/0 (docs/detectors.md#fdbd)
-    out = {"inv_dist": jnp.where(dist > 0, 1.0 / dist, 0.0)}
+    out = {"inv_dist": _inverse_class_distances(head.w)}
     if self.hparams["distance_as_normalizer"]:
       st = stats.moments(train)
       out["mean"] = jnp.asarray(st["sum"] / st["n"], cd)
