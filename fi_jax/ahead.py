@@ -1,9 +1,10 @@
 """Compile ahead: while the model trains, compile what the run will compile after it.
 
 A small run's wall time is mostly XLA compilation: the forward steps, every detector's fit
-and score, the metrics (the demo: ~220 compilations, ~30 s of CPU). None of them depends on
-the parameter values, only on shapes, and training leaves a core idle (the demo's tiny ViT
-keeps ~1.2 of 2 cores busy). `CompileAhead.start` runs in a background thread:
+and score, the metrics (the demo: ~180 compilations, ~40 s of CPU). None of them depends on
+the parameter values, only on shapes, and training leaves part of the machine idle (the demo's
+tiny ViT keeps ~1.6 of 2 cores busy, with one core it is only 20% slower).
+`CompileAhead.start` runs in a background thread:
 
 1. each set's Forward (the very objects `pipeline.extract_sets` will use, shared through the
    `forwards` dict) starts compiling its step for the set's first real batch
@@ -11,9 +12,9 @@ keeps ~1.2 of 2 cores busy). `CompileAhead.start` runs in a background thread:
    shape and dtype;
 2. with the sets small enough (`MAX_ROWS` rows in all), each set is made up of synthetic rows
    of exactly those shapes and dtypes and the set's real size (labels cover every class,
-   OOD group ids repeat the first batch's), and every detector is fitted and scored on them,
-   then the metrics run once: each jitted function compiles for the shapes the real stage
-   will call it with.
+   OOD group ids repeat the first batch's); the metrics run once on synthetic scores, then
+   the detectors are fitted and scored on these sets, from the last one back: each jitted
+   function compiles for the shapes the real stage will call it with.
 
 Nothing computed here is kept except compilations (and JAX's persistent compilation cache,
 when on), so the results are bit-identical to a run without it; a detector that fails on the
