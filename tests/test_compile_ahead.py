@@ -103,6 +103,15 @@ def test_synthetic_set_has_the_step_shapes_every_class_and_the_groups():
   assert (ahead.synthetic_set(shapes, no_labels, 3, num_classes=4)["label"] == -1).all()
 
 
+def _started(monkeypatch, fake_compile_ahead, job=None) -> ahead.CompileAhead:
+  """`job` (a new CompileAhead by default) started with `fake_compile_ahead` as its work."""
+  monkeypatch.setattr(ahead, "compile_ahead", fake_compile_ahead)
+  monkeypatch.setattr(pipeline, "plan_forwards", lambda *a, **k: {})
+  job = job or ahead.CompileAhead()
+  job.start({}, {}, None, None, None, {}, mesh=None, input_std=(0.5,))
+  return job
+
+
 def test_finish_stops_after_the_detector_in_progress(monkeypatch):
   started, release = threading.Event(), threading.Event()
   seen = []
@@ -115,10 +124,7 @@ def test_finish_stops_after_the_detector_in_progress(monkeypatch):
       started.set()
       release.wait(5)
     return list(seen)
-  monkeypatch.setattr(ahead, "compile_ahead", fake_compile_ahead)
-  monkeypatch.setattr(pipeline, "plan_forwards", lambda *a, **k: {})
-  job = ahead.CompileAhead()
-  job.start({}, {}, None, None, None, {}, mesh=None, input_std=(0.5,))
+  job = _started(monkeypatch, fake_compile_ahead)
   assert started.wait(5)
   threading.Timer(0.2, release.set).start()
   job.finish()
@@ -145,10 +151,7 @@ def test_the_thread_and_the_stage_share_the_detectors(monkeypatch):
       thread_ran.append(name)
       log.append(("thread ends", name))
     return list(thread_ran)
-  monkeypatch.setattr(ahead, "compile_ahead", fake_compile_ahead)
-  monkeypatch.setattr(pipeline, "plan_forwards", lambda *a, **k: {})
-  job = ahead.CompileAhead()
-  job.start({}, {}, None, None, None, {}, mesh=None, input_std=(0.5,))
+  job = _started(monkeypatch, fake_compile_ahead)
   assert in_thread.wait(5)
   stage_ran = []
   for name in names:
@@ -174,11 +177,9 @@ def test_a_claimed_detector_waits_for_the_thread(monkeypatch):
     started.set()
     release.wait(5)
     return ["d1", "d0"] if take("d0") else ["d1"]
-  monkeypatch.setattr(ahead, "compile_ahead", fake_compile_ahead)
-  monkeypatch.setattr(pipeline, "plan_forwards", lambda *a, **k: {})
   job = ahead.CompileAhead()
   assert job.claim("d0")   # the stage reached d0 before the thread: the thread skips it
-  job.start({}, {}, None, None, None, {}, mesh=None, input_std=(0.5,))
+  _started(monkeypatch, fake_compile_ahead, job)
   assert started.wait(5)
   timer = threading.Timer(0.3, release.set)
   timer.start()
