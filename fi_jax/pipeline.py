@@ -102,16 +102,16 @@ def plan_forwards(names: Sequence[str], dets: Mapping[str, Any], predict: extrac
   layer reducers), taken from `forwards` or created there (so that callers sharing the dict
   share the compiled steps)."""
   reducers = layer_reducers(dets)
+  predict_out = layer_lib.out_variant(predict) if reducers else None
+  if reducers and predict_out is None and names:
+    log("the predict function has no variant that returns the model's out: no layer "
+        "columns; the layer detectors (" + ", ".join(
+            n for n, d in dets.items() if "layers" in d.needs) + ") will fail")
   out = {}
   for name in names:
     scorer_names = input_scorer_names(dets, name)
     key = (predict, tuple(scorer_names), reducers)
     if key not in forwards:
-      predict_out = layer_lib.out_variant(predict) if reducers else None
-      if reducers and predict_out is None:
-        log("the predict function has no variant that returns the model's out: no layer "
-            "columns; the layer detectors (" + ", ".join(
-                n for n, d in dets.items() if "layers" in d.needs) + ") will fail")
       forwards[key] = extract.Forward(
           predict, mesh, input_scorers=input_scorers(dets, scorer_names, predict, input_std),
           layers=reducers if predict_out is not None else (), predict_out=predict_out)

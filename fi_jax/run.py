@@ -287,16 +287,21 @@ def extract_sets(config, model: LazyModel, workdir: str, log: Log, dets: dict,
                 mesh=distributed.data_mesh(),
                 input_std=config.get("input_std", (0.5, 0.5, 0.5)))
   if ahead is not None and jax.process_count() == 1:
-    mcfg = to_dict(config.get("metrics", {}))
-    metric_kw = dict(tpr=mcfg.get("tpr", 0.95), per_group=mcfg.get("per_group", True),
-                     n_bootstrap=mcfg.get("n_bootstrap", 0), seed=config.seed)
     model.on_train_start = lambda predict, params, head: ahead.start(
-        specs, dets, predict, params, head, forwards, metric_kw=metric_kw,
+        specs, dets, predict, params, head, forwards, metric_kw=metric_kwargs(config),
         nonfinite=config.get("nonfinite", "error"), **common)
   return pipeline.extract_sets(
       specs, lambda: model.get()[:2], dets, log=log, load=load, save=save,
       shard_size=config.get("cache_shard_size", 0),
       shard_root=shard_root if config.get("cache", True) else None, forwards=forwards, **common)
+
+
+def metric_kwargs(config) -> dict[str, Any]:
+  """`pipeline.metric_rows` keyword arguments from `config.metrics` (tpr, per_group,
+  n_bootstrap) and the seed."""
+  mcfg = to_dict(config.get("metrics", {}))
+  return dict(tpr=mcfg.get("tpr", 0.95), per_group=mcfg.get("per_group", True),
+              n_bootstrap=mcfg.get("n_bootstrap", 0), seed=config.seed)
 
 
 def cached_head(config, model: LazyModel, workdir: str, log: Log = _log_default):
@@ -485,12 +490,8 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
   scores_seconds = time.time() - t
 
   t = time.time()
-  mcfg = to_dict(config.get("metrics", {}))
-  rows = pipeline.metric_rows(
-      scores, sets, model=model_label(config),
-      id_set=config.get("id_name", "id"), tpr=mcfg.get("tpr", 0.95),
-      per_group=mcfg.get("per_group", True), n_bootstrap=mcfg.get("n_bootstrap", 0),
-      seed=config.seed)
+  rows = pipeline.metric_rows(scores, sets, model=model_label(config),
+                              id_set=config.get("id_name", "id"), **metric_kwargs(config))
   timings["metrics"] = time.time() - t
   log(f"Metrics: {len(rows)} rows ({len(scores)} detectors x "
       f"{sum(s.startswith('ood/') for s in sets)} OOD sets) in {timings['metrics']:.1f} s.")
