@@ -47,6 +47,9 @@ def f32_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("f32"))
   c = _config()
   run.LazyModel(c, print, workdir).get()   # train first: only the run is counted below
+  # another test in this process (the same demo shapes) may have compiled the detectors'
+  # scores already: jit's in-memory cache would then hide them from the count
+  jax.clear_caches()
   with compilations() as counts:
     results = run.run(c, workdir, log=lambda s: None)
   return c, workdir, results, counts
