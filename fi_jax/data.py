@@ -15,6 +15,8 @@ to the same number of equal batches, so all processes run the same jitted steps.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
 import math
 import os
 from typing import Any, Callable, Iterator, Optional
@@ -42,6 +44,27 @@ class SetInfo:
 
 # ----------------------------------------------------------------------------- digits (demo)
 
+@functools.lru_cache(maxsize=1)
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+  """(images float32 [1797, 8, 8, 1], digits int64 [1797]) of scikit-learn's bundled digits,
+  read-only. Read from scikit-learn's own data file without importing scikit-learn (~1 s of
+  imports on a demo's critical path), the same values as `sklearn.datasets.load_digits()`
+  (tested); that function where the file is not where it is expected."""
+  spec = importlib.util.find_spec("sklearn")
+  path = (os.path.join(os.path.dirname(spec.origin), "datasets", "data", "digits.csv.gz")
+          if spec is not None and spec.origin else "")
+  if os.path.isfile(path):
+    table = np.loadtxt(path, delimiter=",")
+    images, target = table[:, :-1].reshape(-1, 8, 8), table[:, -1]
+  else:
+    from sklearn import datasets as skd  # pylint: disable=g-import-not-at-top
+    digits = skd.load_digits()
+    images, target = digits.images, digits.target
+  x, y = images.astype(np.float32)[..., None], target.astype(np.int64)
+  x.flags.writeable = y.flags.writeable = False
+  return x, y
+
+
 def load_digits_split(split: str, classes, *, test_fraction: float = 0.3, seed: int = 0,
                       id_classes=None) -> dict[str, np.ndarray]:
   """sklearn's bundled 8x8 digits (no download), a seeded stratified train/test split.
@@ -50,13 +73,9 @@ def load_digits_split(split: str, classes, *, test_fraction: float = 0.3, seed: 
   (default: `classes`) or -1 when it is not an ID class; `group` is the digit itself.
   Images are float32 [N, 8, 8, 1] with values in [0, 16].
   """
-  # heavy (seconds: scipy, ...), and only the demo's digits need it
-  from sklearn import datasets as skd  # pylint: disable=g-import-not-at-top
   if split not in ("train", "test", "all"):
     raise ValueError(f"digits split must be 'train', 'test' or 'all', got {split!r}.")
-  digits = skd.load_digits()
-  x = digits.images.astype(np.float32)[..., None]
-  y = digits.target.astype(np.int64)
+  x, y = _digits()
   rng = np.random.default_rng(seed)
   is_test = np.zeros(len(y), bool)
   for c in range(10):   # stratified: the same fraction of every digit goes to test

@@ -86,3 +86,22 @@ def test_pp_decode_roundtrip():
 def test_bad_pp_strings(pp, msg):
   with pytest.raises(ValueError, match=msg):
     preprocess.get_preprocess_fn(pp)
+
+
+def test_digits_read_without_sklearn_equal_load_digits(monkeypatch):
+  from sklearn import datasets as skd
+  ref = skd.load_digits()
+  data._digits.cache_clear()
+  x, y = data._digits()
+  np.testing.assert_array_equal(x[..., 0], ref.images)
+  np.testing.assert_array_equal(y, ref.target)
+  assert x.dtype == np.float32 and y.dtype == np.int64 and not x.flags.writeable
+  # scikit-learn's file elsewhere (another layout): its load_digits, the same arrays
+  data._digits.cache_clear()
+  monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
+  try:
+    x2, y2 = data._digits()
+  finally:
+    data._digits.cache_clear()
+  np.testing.assert_array_equal(x2, x)
+  np.testing.assert_array_equal(y2, y)
