@@ -210,6 +210,35 @@ def test_weiper(data):
                             block_rows=64), ref, rtol=RTOL)
 
 
+@pytest.mark.parametrize("same_blocks", [True, False])
+def test_weiper_reuses_weiper_kld_pass_in_a_shared_scope(data, monkeypatch, same_blocks):
+  """Inside detectors.shared(), WeiPer+KLD scored first leaves WeiPer's scores: WeiPer's own
+  product is skipped and its scores are those it computes alone, bit for bit. With other row
+  blocks (or outside a scope) WeiPer computes them itself."""
+  fit, test, head = data
+  hp = dict(repeats=6, delta=1.3, seed=4)
+  rows = 32 if same_blocks else 48
+  alone = fit_score("weiper", fit, test, head, block_rows=32, **hp)
+  kld_alone = fit_score("weiper_kld", fit, test, head, block_rows=rows, **hp)
+  reused = []
+  score_args = weiper.WeiPer._score_args
+
+  def spy(self, state, outputs):
+    out = score_args(self, state, outputs)
+    reused.append(out[1] is not None)
+    return out
+  monkeypatch.setattr(weiper.WeiPer, "_score_args", spy)
+  kld = detectors.build("weiper_kld", block_rows=rows, **hp)
+  wp = detectors.build("weiper", block_rows=32, **hp)
+  with detectors.shared([kld, wp]):
+    kld_scores = np.asarray(kld.score(kld.fit(fit, head), test))
+    wp_scores = np.asarray(wp.score(wp.fit(fit, head), test))
+  assert reused and all(reused) == same_blocks and any(reused) == same_blocks
+  np.testing.assert_array_equal(wp_scores, alone)
+  np.testing.assert_array_equal(kld_scores, kld_alone)
+  assert detectors.names().index("weiper_kld") < detectors.names().index("weiper")
+
+
 def test_perturbed_head_is_the_seeded_draw(data):
   # bit for bit the float64 formula w + (delta |w_c| n / |n|)^T per repeat, cast to float32
   _, _, head = data

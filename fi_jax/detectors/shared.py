@@ -14,7 +14,9 @@ each, so an id cannot be reused while it is open):
 * `stats.moments`: by (fit set, group, shift); one pass with a scatter matrix also serves
   requests without it, and any pass serves the plain mean;
 * KNN / NNGuide neighbour search: by (bank, query features); one search computes the k-th
-  largest similarity (and top-k sum) for every k announced with `shared(detectors=...)`.
+  largest similarity (and top-k sum) for every k announced with `shared(detectors=...)`;
+* WeiPer's scores: left by WeiPer+KLD's pass (scored first) by (W~, query features, r, row
+  block).
 
 Results are identical to unshared calls (the same functions on the same inputs); outside the
 scope nothing is cached. A scope belongs to the thread that opened it: detectors running in
