@@ -86,6 +86,44 @@ def _map_blocks(fn, x, block: int):
   return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[:n], out)
 
 
+class WeiPer(Detector):
+  """WeiPer's perturbed-logit MSP: log mean_{i<=r} max_c softmax(z~_i)_c (the mean of the r
+  perturbed MSPs, returned as its log). r = 100, delta = 2.1, seed = 0 (the official code's
+  defaults). No fit besides drawing W~ from the head. Registered after WeiPer+KLD: inside
+  `detectors.shared()` a suite scores that one first and WeiPer reuses its pass (the
+  r C-column product is most of the cost of both)."""
+  name, needs = "weiper", frozenset({"features", "head"})
+  defaults = {"repeats": 100, "delta": 2.1, "seed": 0, "block_rows": 256}
+  score_only = frozenset({"block_rows"})
+
+  def __init__(self, **hparams):
+    super().__init__(**hparams)
+    own = self._score_jit   # compiled once, for done=None: reused scores never reach it
+    self._score_jit = lambda state, features, done: (
+        own(state, features, None) if done is None else done)
+
+  @classmethod
+  def validate(cls, hp):
+    _validate_common("weiper", hp)
+
+  def _fit(self, train, head):
+    check_head(head, self.name)
+    return _weiper_state(self, head)
+
+  def _score_args(self, state, outputs):
+    # inside detectors.shared(), WeiPer+KLD's pass over these rows (same W~, same row blocks)
+    # may have computed these very scores, with the same jitted expression
+    key = _shared_score_key(self.hparams)
+    done = shared.lookup((state["wt"], outputs.features), (), lambda extra, v: extra == key)
+    return outputs.features, done
+
+  def _score(self, state, features, done):
+    del done   # None here (see __init__)
+    wt, bt, r = fc(state["wt"]), fc(state["bt"]), self.hparams["repeats"]
+    return _map_blocks(lambda h: _log_mean_msp(_perturbed_logits(h, wt, bt, r)), features,
+                       int(self.hparams["block_rows"]))
+
+
 # ----------------------------------------------------------------------------- WeiPer+KLD
 
 def smoothing_matrix(nbins: int, size: int) -> np.ndarray:
@@ -200,6 +238,20 @@ def _density_sums(h, wt, bt, edges_h, edges_z, *, nbins: int):
           "dens_z": jnp.sum(_histograms(z, edges_z), 0)}
 
 
+@functools.partial(jax.jit, static_argnames=("repeats", "block_rows"))
+def _kld_pass(h, wt, bt, edges_z, *, repeats: int, block_rows: int):
+  """Per row, from one product with W~ (row blocks of `block_rows`): WeiPer's score
+  log mean_r MSP(z~_r) (WeiPer's own expression), mean_r MSP(z~_r) and the fractions of the
+  r C entries of z~ in the bins of edges_z."""
+  wt, bt = fc(wt), fc(bt)   # converted once, outside the loop over row blocks
+
+  def block(hb):
+    z = _perturbed_logits(hb, wt, bt, repeats)
+    return (_log_mean_msp(z), jnp.mean(jnp.exp(log_max_softmax(z)), -1),
+            _histograms(z.reshape(hb.shape[0], -1), edges_z))
+  return _map_blocks(block, h, block_rows)
+
+
 class WeiPerKLD(Detector):
   """WeiPer+KLD: -(KLs(P_h, Q_h(x)) + lam1 KLs(P_z, Q_z(x)) - lam2 mean_i MSP(z~_i)).
 
@@ -271,55 +323,3 @@ class WeiPerKLD(Detector):
                           float(hp["epsilon"])), features, int(hp["block_rows"]))
     kl_z = _sym_kl(state["dens_z"], q_z, s_z, float(hp["epsilon_noise"]))
     return -(kl_h + float(hp["lambda_1"]) * kl_z - float(hp["lambda_2"]) * msp)
-
-
-@functools.partial(jax.jit, static_argnames=("repeats", "block_rows"))
-def _kld_pass(h, wt, bt, edges_z, *, repeats: int, block_rows: int):
-  """Per row, from one product with W~ (row blocks of `block_rows`): WeiPer's score
-  log mean_r MSP(z~_r) (WeiPer's own expression), mean_r MSP(z~_r) and the fractions of the
-  r C entries of z~ in the bins of edges_z."""
-  wt, bt = fc(wt), fc(bt)   # converted once, outside the loop over row blocks
-
-  def block(hb):
-    z = _perturbed_logits(hb, wt, bt, repeats)
-    return (_log_mean_msp(z), jnp.mean(jnp.exp(log_max_softmax(z)), -1),
-            _histograms(z.reshape(hb.shape[0], -1), edges_z))
-  return _map_blocks(block, h, block_rows)
-
-
-class WeiPer(Detector):
-  """WeiPer's perturbed-logit MSP: log mean_{i<=r} max_c softmax(z~_i)_c (the mean of the r
-  perturbed MSPs, returned as its log). r = 100, delta = 2.1, seed = 0 (the official code's
-  defaults). No fit besides drawing W~ from the head. Registered after WeiPer+KLD: inside
-  `detectors.shared()` a suite scores that one first and WeiPer reuses its pass (the
-  r C-column product is most of the cost of both)."""
-  name, needs = "weiper", frozenset({"features", "head"})
-  defaults = {"repeats": 100, "delta": 2.1, "seed": 0, "block_rows": 256}
-  score_only = frozenset({"block_rows"})
-
-  @classmethod
-  def validate(cls, hp):
-    _validate_common("weiper", hp)
-
-  def _fit(self, train, head):
-    check_head(head, self.name)
-    return _weiper_state(self, head)
-
-  def __init__(self, **hparams):
-    super().__init__(**hparams)
-    own = self._score_jit   # compiled once, for done=None: reused scores never reach it
-    self._score_jit = lambda state, features, done: (
-        own(state, features, None) if done is None else done)
-
-  def _score_args(self, state, outputs):
-    # inside detectors.shared(), WeiPer+KLD's pass over these rows (same W~, same row blocks)
-    # may have computed these very scores, with the same jitted expression
-    key = _shared_score_key(self.hparams)
-    done = shared.lookup((state["wt"], outputs.features), (), lambda extra, v: extra == key)
-    return outputs.features, done
-
-  def _score(self, state, features, done):
-    del done   # None here (see __init__)
-    wt, bt, r = fc(state["wt"]), fc(state["bt"]), self.hparams["repeats"]
-    return _map_blocks(lambda h: _log_mean_msp(_perturbed_logits(h, wt, bt, r)), features,
-                       int(self.hparams["block_rows"]))
