@@ -125,23 +125,31 @@ def _main(argv):
   warnings.simplefilter("once")   # a repeated warning (per batch, per detector) prints once
   try:
     run.run(flags.FLAGS.config, flags.FLAGS.workdir)
-    if jax.process_count() == 1:
-      # Everything is written. The interpreter's teardown (XLA's and TensorFlow's thread pools
-      # and caches) takes ~1.5 s and does nothing a finished run needs: end here instead.
-      # (Several processes shut down through jax.distributed together, as usual.)
-      sys.stdout.flush()
-      sys.stderr.flush()
-      logging.flush()
-      os._exit(0)
+    _end(0)
   except KeyboardInterrupt:
-    sys.exit(130)   # run.run printed what the cache kept
+    _end(130)   # run.run printed what the cache kept
   except (ValueError, FileNotFoundError) as e:
     # Bad input (unknown detector, missing checkpoint or dataset, ...): one clear line.
     # Finished work is already in the workdir's cache. FI_JAX_TRACEBACK=1 shows the trace.
     if os.environ.get("FI_JAX_TRACEBACK"):
       raise
     print(f"{_prog()}: error: {e}", file=sys.stderr)
-    sys.exit(2)
+    _end(2)
+
+
+def _end(code: int) -> None:
+  """Exits with `code`. One process: everything is written, and the interpreter's teardown
+  is skipped (os._exit). It does nothing a run needs and takes ~1.5 s (XLA's and TensorFlow's
+  thread pools and caches); a run that failed or was interrupted may also leave the
+  compile-ahead thread inside XLA, which the teardown would kill there (the process then
+  aborts or crashes instead of exiting with `code`). Several processes shut down through
+  jax.distributed together, as usual (no compile-ahead thread runs there)."""
+  if jax.process_count() == 1:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.flush()
+    os._exit(code)
+  sys.exit(code)
 
 
 def main():
