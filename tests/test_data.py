@@ -1,8 +1,15 @@
 """Input pipeline: per-process splits, padding masks, pp ops against numpy references."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
 from fi_jax import data, preprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _collect(spec, pp, bs, pi, pc):
@@ -105,3 +112,20 @@ def test_digits_read_without_sklearn_equal_load_digits(monkeypatch):
     data._digits.cache_clear()
   np.testing.assert_array_equal(x2, x)
   np.testing.assert_array_equal(y2, y)
+
+
+def test_tf_imported_without_its_eager_keras_and_tf_keras_still_works():
+  # a fresh interpreter: TF's import there is the first one
+  code = textwrap.dedent("""
+      import sys
+      from fi_jax import preprocess
+      tf = preprocess.tf_module()
+      print("keras" in sys.modules, "sklearn" in sys.modules, preprocess._EAGER_KERAS in sys.modules)
+      ds = tf.data.Dataset.from_tensor_slices({"image": [[[[16.0]]]]})
+      ds = ds.map(preprocess.get_preprocess_fn("value_range(-1, 1, 0, 16)"))
+      print(next(iter(ds))["image"].numpy().ravel().tolist())
+      print(tf.keras.layers.Dense(2)(tf.ones([1, 3])).shape)   # Keras on first use
+  """)
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       check=True).stdout.split("\n")
+  assert out[:3] == ["False False False", "[1.0]", "(1, 2)"], out
