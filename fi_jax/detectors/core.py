@@ -86,6 +86,10 @@ def l2_normalize(x, axis: int = -1, eps: float = 1e-12) -> jax.Array:
   return x / jnp.maximum(n, eps)
 
 
+# l2_normalize as one program, for the eager calls of a fit (three eager ops compile three)
+l2_normalize_jit = jax.jit(l2_normalize, static_argnames=("axis", "eps"))
+
+
 def _bin_guess(x, lo, scale, nb: int):
   """floor((x - lo) scale) clipped to [0, nb - 1] (NaN -> 0): non-decreasing in x."""
   t = (x - lo) * scale

@@ -9,6 +9,7 @@ that have a pattern. This never produces NaN (the references would: mean of an e
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import jax
@@ -17,8 +18,8 @@ import numpy as np
 
 from fi_jax.detectors import shared, stats
 from fi_jax.detectors.core import (Detector, Outputs, cdtype, check_bool, check_choice,
-                                   check_number, check_seed, fc, l2_normalize, log_max_softmax,
-                                   matmul, require)
+                                   check_number, check_seed, fc, l2_normalize, l2_normalize_jit,
+                                   log_max_softmax, matmul, require)
 
 
 def _peek_classes(train, head) -> tuple[int, object]:
@@ -38,10 +39,17 @@ def _gaussian_state(means, valid, cov, prefix=""):
   """Whitened class means: d_c(h) = |h L - mu_c L|^2, L L^T = pinvh(cov)."""
   cd = cdtype()
   lw = stats.whitening(jnp.asarray(cov, cd))
-  mp = matmul(jnp.asarray(means, cd), lw)
-  sqn = jnp.where(jnp.asarray(valid), jnp.sum(mp * mp, -1), jnp.inf)
-  mp = jnp.where(jnp.asarray(valid)[:, None], mp, 0.0)
+  mp, sqn = _projected_means(jnp.asarray(means, cd), jnp.asarray(valid), lw)
   return {prefix + "proj": lw, prefix + "means": mp, prefix + "sqnorm": sqn}
+
+
+@jax.jit
+def _projected_means(means, valid, lw):
+  """(mu_c L, |mu_c L|^2) with the invalid classes' rows 0 and their norms inf (one program,
+  not six eager ones)."""
+  mp = matmul(means, lw)
+  sqn = jnp.where(valid, jnp.sum(mp * mp, -1), jnp.inf)
+  return jnp.where(valid[:, None], mp, 0.0), sqn
 
 
 @jax.jit
@@ -315,6 +323,13 @@ def _neco_ratio(h, mean, inv_std, pcs):
   return jnp.linalg.norm(matmul(s, pcs), axis=-1) / jnp.linalg.norm(s, axis=-1)
 
 
+@functools.partial(jax.jit, static_argnames=("dim",))
+def _principal_directions(zcov, *, dim: int):
+  """The `dim` leading eigenvectors of the symmetrised zcov, largest eigenvalue first."""
+  _, vecs = jnp.linalg.eigh(0.5 * (zcov + zcov.T))               # ascending eigenvalues
+  return vecs[:, ::-1][:, :dim]
+
+
 class NECO(Detector):
   """NECO (Ammar et al. ICLR 2024; official code): standardise with the fit set's mean and
   population std (sklearn StandardScaler: a zero std is replaced by 1), s = (h - mu) / sigma;
@@ -342,10 +357,10 @@ class NECO(Detector):
     std = np.sqrt(np.maximum(np.diag(cov), 0.0))
     std = np.where(std == 0.0, 1.0, std)          # sklearn's StandardScaler keeps such columns
     cd = cdtype()
-    zcov = jnp.asarray(cov / np.outer(std, std), cd)
-    _, vecs = jnp.linalg.eigh(0.5 * (zcov + zcov.T))               # ascending eigenvalues
+    pcs = _principal_directions(jnp.asarray(cov / np.outer(std, std), cd),
+                                dim=int(self.hparams["dim"]))
     return {"mean": jnp.asarray(st["sum"] / st["n"], cd), "inv_std": jnp.asarray(1.0 / std, cd),
-            "pcs": vecs[:, ::-1][:, :self.hparams["dim"]]}
+            "pcs": pcs}
 
   def _score(self, state, features, logits):
     r = _neco_ratio(features, state["mean"], state["inv_std"], state["pcs"])
@@ -370,7 +385,7 @@ class Cosine(Detector):
     st = stats.moments(train, num_classes=c, group="label")
     means, valid = stats.class_means(st)
     cd = cdtype()
-    return {"means": l2_normalize(jnp.asarray(means, cd)), "valid": jnp.asarray(valid)}
+    return {"means": l2_normalize_jit(jnp.asarray(means, cd)), "valid": jnp.asarray(valid)}
 
   def _score_args(self, state, outputs):
     """(None, cosines [N, C]): shared inside `detectors.shared()` by cosine and relative

@@ -432,6 +432,15 @@ class Relation(Detector):
 
 # ----------------------------------------------------------------------------- CombOOD
 
+@jax.jit
+def _combood_projection(corr, sd, reg):
+  """P with |z P|^2 = z^T (corr + reg I)^-1 z for z = (h_hat - mu) / sd, as a projection of
+  h_hat - mu: V diag(1 / sqrt(lam + reg)) scaled by 1 / sd per row (corr = V diag(lam) V^T;
+  one program, not six eager ones)."""
+  lam, vec = jnp.linalg.eigh(corr)
+  return vec / jnp.sqrt(lam + reg)[None, :] / sd[:, None]
+
+
 class CombOOD(_BankDetector):
   """CombOOD (Rajasekaran et al., SDM 2024; the authors' code, rmagesh148/combood): the
   nearest-neighbour and Mahalanobis signals combined as the published ImageNet entry does
@@ -474,9 +483,8 @@ class CombOOD(_BankDetector):
     sd = np.where(sd > 0, sd, 1.0)
     corr = cov / np.outer(sd, sd) * (n / (n - 1.0))                  # cov(z), ddof 1
     cd = cdtype()
-    lam, vec = jnp.linalg.eigh(jnp.asarray(0.5 * (corr + corr.T), cd))
-    proj = vec / jnp.sqrt(lam + float(self.hparams["reg"]))[None, :]
-    proj = proj / jnp.asarray(sd, cd)[:, None]                       # z = (h_hat - mu) / sigma
+    proj = _combood_projection(jnp.asarray(0.5 * (corr + corr.T), cd), jnp.asarray(sd, cd),
+                               jnp.asarray(float(self.hparams["reg"]), cd))
     return {**state, "mean": jnp.asarray(mean, cd), "proj": proj}
 
   def _score_args(self, state, outputs):

@@ -283,6 +283,12 @@ def moments(train, *, num_classes: int = 0, group: Optional[str] = None, scatter
   return out
 
 
+@jax.jit
+def _column_means(x):
+  """The mean row of x in the compute dtype (the moments' shift: one program, not three)."""
+  return jnp.mean(jnp.asarray(x).astype(cdtype()), 0)
+
+
 def _moments(train, num_classes, group, scatter, shift, on_chunk) -> dict[str, np.ndarray]:
   total, k = None, None
   for start, chunk in chunks(train):
@@ -292,7 +298,7 @@ def _moments(train, num_classes, group, scatter, shift, on_chunk) -> dict[str, n
       raise ValueError("This detector needs Outputs.logits in the fit set.")
     if k is None:
       k = (np.asarray(shift, np.float64) if shift is not None
-           else np.asarray(jnp.mean(jnp.asarray(chunk.features).astype(cdtype()), 0), np.float64))
+           else np.asarray(_column_means(chunk.features), np.float64))
     total = add_sums(total, _moments_chunk(chunk.features, chunk.logits, chunk.labels,
                                        jnp.asarray(k, cdtype()), num_classes=num_classes,
                                        group=group, scatter=scatter))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fi_jax.detectors.core import (Detector, check_number, fc, head_state, l2_normalize,
-                                   log_max_softmax, matmul)
+                                   l2_normalize_jit, log_max_softmax, matmul)
 
 
 class MCM(Detector):
@@ -20,7 +20,7 @@ class MCM(Detector):
     check_number("mcm", hp, "temperature", lo=0, lo_open=True)
 
   def _fit(self, train, head):
-    return {"text": l2_normalize(fc(head_state(head)["w"]), axis=0)}
+    return {"text": l2_normalize_jit(fc(head_state(head)["w"]), axis=0)}
 
   def _score(self, state, features, logits):
     cos = matmul(l2_normalize(fc(features)), state["text"])
