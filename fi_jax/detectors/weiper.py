@@ -206,36 +206,47 @@ def _logit_bounds(h, wt, bt, wt_max):
           jnp.stack([hh.min(), hh.max()]))
 
 
+def _fit_block(h, start: int) -> np.ndarray:
+  """Fit rows start .. start + FIT_BLOCK_ROWS - 1, a shorter last block padded with copies of
+  its last row: every block has one shape (one compilation of each per-block function); the
+  copies change no minimum or maximum, and the density sums mask them out."""
+  block = np.asarray(h[start:start + FIT_BLOCK_ROWS])
+  return np.pad(block, ((0, FIT_BLOCK_ROWS - len(block)), (0, 0)), mode="edge")
+
+
 def _fit_minmax(h, wt, bt) -> np.ndarray:
   """[min h, max h, min z~, max z~] over the fit rows, equal to a pass of _minmax_chunk over
   all FIT_BLOCK_ROWS blocks: a float32 pass bounds every row's extremes, and _minmax_chunk
   reruns only the blocks with a row that can hold the minimum or the maximum of z~ (rows
   whose lower bound on the min is above the least upper bound cannot, and likewise for the
   max). Saves most of a compute-dtype matmul pass."""
-  starts = range(0, len(h), FIT_BLOCK_ROWS)   # the last one shorter: at most two compiles
+  starts = range(0, len(h), FIT_BLOCK_ROWS)
   w64 = np.asarray(wt, np.float64)
   col_sq = np.einsum("dc,dc->c", w64, w64)   # |w~_c|^2 without a [D, r C] temporary
   wt_max = jnp.asarray(np.sqrt(col_sq.max()) * (1 + 1e-12), cdtype())   # max_c |w~_c|, rounded up
   del w64
   wt_c = fc(wt)   # for the reruns: converted once
-  parts = [_logit_bounds(h[i:i + FIT_BLOCK_ROWS], wt, bt, wt_max) for i in starts]
-  rb = np.concatenate([np.asarray(p[0], np.float64) for p in parts], axis=1)
+  parts = [_logit_bounds(_fit_block(h, i), wt, bt, wt_max) for i in starts]
+  rb = np.concatenate([np.asarray(p[0], np.float64) for p in parts], axis=1)[:, :len(h)]
   hb = np.stack([np.asarray(p[1], np.float64) for p in parts])
   may_hold = (rb[0] <= rb[1].min()) | (rb[3] >= rb[2].max())
   mm = np.array([hb[:, 0].min(), hb[:, 1].max(), np.inf, -np.inf])
   for i in sorted({int(r) // FIT_BLOCK_ROWS * FIT_BLOCK_ROWS for r in np.flatnonzero(may_hold)}):
-    part = np.asarray(_minmax_chunk(h[i:i + FIT_BLOCK_ROWS], wt_c, bt), np.float64)
+    part = np.asarray(_minmax_chunk(_fit_block(h, i), wt_c, bt), np.float64)
     mm[2], mm[3] = min(mm[2], part[2]), max(mm[3], part[3])
   return mm
 
 
 @functools.partial(jax.jit, static_argnames=("nbins",))
-def _density_sums(h, wt, bt, edges_h, edges_z, *, nbins: int):
+def _density_sums(h, n_valid, wt, bt, edges_h, edges_z, *, nbins: int):
+  """Sums over the first n_valid rows of h (the rest: a block's padding) of the per-row
+  histograms of h and of z~."""
   del nbins
   z = matmul(fc(h), fc(wt)) + fc(bt)
-  return {"n": jnp.asarray(h.shape[0], cdtype()),
-          "dens_h": jnp.sum(_histograms(fc(h), edges_h), 0),
-          "dens_z": jnp.sum(_histograms(z, edges_z), 0)}
+  valid = (jnp.arange(h.shape[0]) < n_valid).astype(cdtype())[:, None]
+  return {"n": jnp.asarray(n_valid, cdtype()),
+          "dens_h": jnp.sum(_histograms(fc(h), edges_h) * valid, 0),
+          "dens_z": jnp.sum(_histograms(z, edges_z) * valid, 0)}
 
 
 @functools.partial(jax.jit, static_argnames=("repeats", "block_rows"))
@@ -298,10 +309,10 @@ class WeiPerKLD(Detector):
     cd = cdtype()
     wt_c = fc(st["wt"])   # converted once for all blocks
     total = None
-    for i in range(0, len(h), FIT_BLOCK_ROWS):   # the last one shorter: at most two compiles
+    for i in range(0, len(h), FIT_BLOCK_ROWS):
       total = stats.add_sums(total, _density_sums(
-          h[i:i + FIT_BLOCK_ROWS], wt_c, st["bt"], jnp.asarray(edges_h, cd),
-          jnp.asarray(edges_z, cd), nbins=nb))
+          _fit_block(h, i), min(FIT_BLOCK_ROWS, len(h) - i), wt_c, st["bt"],
+          jnp.asarray(edges_h, cd), jnp.asarray(edges_z, cd), nbins=nb))
     return {**st, "edges_h": jnp.asarray(edges_h, cd), "edges_z": jnp.asarray(edges_z, cd),
             "dens_h": jnp.asarray(total["dens_h"] / total["n"], cd),
             "dens_z": jnp.asarray(total["dens_z"] / total["n"], cd)}
