@@ -200,6 +200,13 @@ def test_line_class_sorted_blocks_equal_one_call(data, monkeypatch):
   blocked = np.asarray(det.score(state, test))
   assert blocked.shape == whole.shape == (len(test.features),)
   np.testing.assert_allclose(blocked, whole, rtol=1e-12, atol=1e-12)
+  # sets smaller than a block, of two sizes: the same scores, one compiled block program
+  activation._line_sorted_block.clear_cache()
+  for rows in (40, 25):
+    part = detectors.Outputs(features=test.features[:rows], logits=test.logits[:rows])
+    np.testing.assert_allclose(np.asarray(det.score(state, part)), whole[:rows], rtol=1e-12,
+                               atol=1e-12)
+  assert activation._line_sorted_block._cache_size() == 1
 
 
 def test_weiper(data):

@@ -496,9 +496,12 @@ class LINe(Detector):
             "clip": jnp.asarray(clip, cd)}
 
   def _blk(self, n: int, d: int, c: int) -> int:
-    """Rows per block: at most block_elems / (D C), and about the mean rows per class of the
-    n rows scored (padding a class's last block costs little)."""
-    return max(1, min(int(self.hparams["block_elems"]) // max(d * c, 1), -(-n // c)))
+    """Rows per block: at most block_elems / (D C), and the mean rows per class of the n rows
+    scored rounded up to a power of two (padding a class's last block costs little; sets of
+    similar sizes, e.g. the demo's ID test and OOD sets, then share one compiled program)."""
+    per_class = -(-n // c)
+    return max(1, min(int(self.hparams["block_elems"]) // max(d * c, 1),
+                      1 << max(per_class - 1, 0).bit_length()))
 
   def _score(self, state, features, logits):
     x, pred = _line_clip_pred(features, state)
@@ -509,7 +512,7 @@ class LINe(Detector):
     """The rows sorted by predicted class *before* they are cut into SCORE_BLOCK-row blocks:
     a block then holds whole classes, and each class's masked heads are built about once per
     set, not once per block (the cost of LINe's score). Two fixed-shape jitted calls per block
-    (prediction, scores) serve every set; rows per block from the set's rows per class."""
+    (prediction, scores) serve every set whose rows per class round to the same `blk`."""
     block = core.SCORE_BLOCK
     n, blocks = core.score_blocks(outputs, block)
     if blocks is None:
