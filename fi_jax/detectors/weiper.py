@@ -307,13 +307,14 @@ class WeiPerKLD(Detector):
     edges_h = np.linspace(mm[0], mm[1] + 1e-8, nb + 1)
     edges_z = np.linspace(mm[2], mm[3] + 1e-8, nb + 1)
     cd = cdtype()
-    wt_c = fc(st["wt"])   # converted once for all blocks
+    wt_c = fc(st["wt"])   # converted once for all blocks, like the bin edges
+    edges_h, edges_z = jnp.asarray(edges_h, cd), jnp.asarray(edges_z, cd)
     total = None
     for i in range(0, len(h), FIT_BLOCK_ROWS):
       total = stats.add_sums(total, _density_sums(
-          _fit_block(h, i), min(FIT_BLOCK_ROWS, len(h) - i), wt_c, st["bt"],
-          jnp.asarray(edges_h, cd), jnp.asarray(edges_z, cd), nbins=nb))
-    return {**st, "edges_h": jnp.asarray(edges_h, cd), "edges_z": jnp.asarray(edges_z, cd),
+          _fit_block(h, i), min(FIT_BLOCK_ROWS, len(h) - i), wt_c, st["bt"], edges_h, edges_z,
+          nbins=nb))
+    return {**st, "edges_h": edges_h, "edges_z": edges_z,
             "dens_h": jnp.asarray(total["dens_h"] / total["n"], cd),
             "dens_z": jnp.asarray(total["dens_z"] / total["n"], cd)}
 
