@@ -15,8 +15,10 @@ API (what `fi_jax.pipeline` and the big_vision evaluator build on):
 A `Forward` holds one `jax.jit` step; XLA compiles it once per (parameter structure, per-device
 batch shape), so every set that goes through the same `Forward` with the same global batch
 size (sets are padded to it) reuses one compilation. Input scorers (ODIN) are part of the
-step, so a run needs at most two: one without scorers (the fit set, which no detector scores)
-and one with them (every scored set). `chunks` keeps up to `depth` steps in flight: step i+1
+step, each under a `lax.cond` on a flag passed with the batch: `chunks(..., scorers=names)`
+runs only the named ones (the fit set, which no detector scores, runs none or only AdaSCALE's)
+and drops the others' columns, so one compiled step serves every set of a run and a skipped
+scorer costs no device time. `chunks` keeps up to `depth` steps in flight: step i+1
 is dispatched (and its outputs start copying to the host) before step i's outputs are fetched,
 so host input and device compute overlap. Features and logits come out at least float32
 whatever dtype the model computes in (bfloat16 outputs are cast; float32 ones are untouched).
@@ -28,8 +30,9 @@ block outputs of `out` as `layer/<reducer>/<block>` columns, computed inside the
 `layers` the step is the plain one.
 
 `chunks(..., warm=(other,))` compiles the other Forwards' steps for the same batch shapes in a
-background thread as soon as the first batch exists (a run's scored step compiles while the fit
-set is extracted; XLA compiles outside the GIL); the other Forward's first step waits for it.
+background thread as soon as the first batch exists (XLA compiles outside the GIL); the other
+Forward's first step waits for it. `warm` alone starts a step's compilation in the background
+(what `fi_jax.ahead` does while the demo model trains).
 
 `extract_chunks` / `extract` are one-call wrappers that build a fresh `Forward` (one compile
 per call); keep a `Forward` to reuse the compiled step across sets.
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import time
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
@@ -62,11 +66,13 @@ _COMPILER = concurrent.futures.ThreadPoolExecutor(2, "fi_jax-compile")   # backg
 class Forward:
   """The compiled forward step of one model (and its input scorers) on one mesh.
 
-  `step(params, global_batch)` -> {logits, features, label, group, _id, _mask,
+  `step(params, global_batch, active)` -> {logits, features, label, group, _id, _mask,
   score/<name>...} as device arrays split along the batch like the input (dispatched
-  asynchronously; each process reads its own rows with `host_rows`); `chunks` and
-  `extract` run it over a set's batches. Reuse one `Forward` for every set: its jitted step
-  compiles once per per-device batch shape.
+  asynchronously; each process reads its own rows with `host_rows`); `active` is a bool
+  [len(scorer_names)] array (`active(names)`): a scorer whose flag is False is skipped on the
+  device (`lax.cond`) and its columns are zeros. `chunks` and `extract` run it over a set's
+  batches with the scorers named. Reuse one `Forward` for every set: its jitted step compiles
+  once per per-device batch shape, whichever scorers a set runs.
   """
 
   def __init__(self, predict_fn: PredictFn, mesh, *,
@@ -74,6 +80,7 @@ class Forward:
                layers: Sequence[str] = (), predict_out: Optional[PredictOutFn] = None):
     self.predict_fn, self.mesh = predict_fn, mesh
     self.input_scorers = dict(input_scorers or {})
+    self.scorer_names = tuple(self.input_scorers)
     self.layers = layer_lib.check_reducers(layers)
     if self.layers and predict_out is None:
       raise ValueError("Forward(layers=...) needs predict_out(params, images) -> (logits, "
@@ -82,7 +89,7 @@ class Forward:
     self._split = distributed.rows_sharding(mesh)   # outputs: each process keeps its rows
     scorers, reducers = self.input_scorers, self.layers
 
-    def step(params, batch):
+    def step(params, batch, active):
       cols = {}
       if reducers:
         logits, features, model_out = predict_out(params, batch["image"])
@@ -91,21 +98,35 @@ class Forward:
         logits, features = predict_fn(params, batch["image"])
       out = {**cols, "logits": _at_least_f32(logits), "features": _at_least_f32(features),
              **{k: batch[k] for k in _PASS_THROUGH}}
-      for name, scorer in scorers.items():
-        res = scorer(params, batch["image"])
+      for i, (name, scorer) in enumerate(scorers.items()):
+        res = _when(active[i], functools.partial(scorer, params, batch["image"]))
         for col, v in (res.items() if isinstance(res, dict) else [("score", res)]):
           out[f"{col}/{name}"] = v
       return out
 
     self.step = jax.jit(step, out_shardings=self._split)
+    self._active: dict[tuple[str, ...], jax.Array] = {}
     self._warming: Optional[concurrent.futures.Future] = None
+
+  def active(self, names: Optional[Sequence[str]] = None) -> jax.Array:
+    """The step's `active` flags (replicated on the mesh) for the scorers `names` (None: all)."""
+    names = self.scorer_names if names is None else tuple(names)
+    unknown = sorted(set(names) - set(self.scorer_names))
+    if unknown:
+      raise ValueError(f"input scorers {unknown} are not in this Forward's "
+                       f"{list(self.scorer_names)}.")
+    if names not in self._active:
+      flags = np.array([n in names for n in self.scorer_names], bool)
+      self._active[names] = jax.device_put(flags, self._repl)
+    return self._active[names]
 
   def warm(self, params, batch, wait: bool = False) -> None:
     """Starts compiling the step for (params, global batch)'s shapes and shardings in the
     background (once); the first step of `chunks` waits for it, so it never compiles twice.
     With `wait`, returns when the compilation is done."""
     if self._warming is None:
-      self._warming = _COMPILER.submit(lambda: self.step.lower(params, batch).compile())
+      active = self.active()
+      self._warming = _COMPILER.submit(lambda: self.step.lower(params, batch, active).compile())
     if wait:
       self._wait_warm()
 
@@ -121,13 +142,17 @@ class Forward:
     return jax.device_put(params, self._repl)
 
   def chunks(self, params, batches: Iterable[dict[str, np.ndarray]], *,
-             steps: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
-             depth: int = 2, warm: Sequence["Forward"] = ()) -> Iterator[dict[str, np.ndarray]]:
+             scorers: Optional[Sequence[str]] = None, steps: Optional[int] = None,
+             log: Callable[[str], None] = lambda s: None, depth: int = 2,
+             warm: Sequence["Forward"] = ()) -> Iterator[dict[str, np.ndarray]]:
     """Runs the step over every (process-local) batch; yields each batch's rows (padding
     dropped) as {features, logits, label, group, _id, score/<name>...}, in the order of
-    `batches`, with up to `depth` steps in flight. The Forwards in `warm` start compiling
+    `batches`, with up to `depth` steps in flight. Only the input scorers in `scorers` run
+    (None: all) and only their columns are yielded. The Forwards in `warm` start compiling
     their steps for the first batch's shapes in the background (see `warm`)."""
     params = self.put_params(params)
+    active = self.active(scorers)
+    skipped = set(self.scorer_names) - set(self.scorer_names if scorers is None else scorers)
     pending: collections.deque = collections.deque()
     t0 = last = time.time()
     self._wait_warm()
@@ -137,7 +162,8 @@ class Forward:
         for other in warm:
           if other is not self:
             other.warm(other.put_params(params), batch)
-      out = self.step(params, batch)
+      out = self.step(params, batch, active)
+      out = {k: v for k, v in out.items() if scorer_of(k) not in skipped}
       for v in out.values():
         v.copy_to_host_async()   # (this process's shards) as soon as the step is done
       pending.append(out)
@@ -150,12 +176,29 @@ class Forward:
       yield host_rows(pending.popleft())
 
   def extract(self, params, batches: Iterable[dict[str, np.ndarray]], *,
-              steps: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
-              ) -> dict[str, np.ndarray]:
+              scorers: Optional[Sequence[str]] = None, steps: Optional[int] = None,
+              log: Callable[[str], None] = lambda s: None) -> dict[str, np.ndarray]:
     """The set: {features, logits, label, group, score/<name>...} in set order; with several
     processes only this process's rows, with their `_id`."""
-    return in_set_order(list(self.chunks(params, batches, steps=steps, log=log)),
+    return in_set_order(list(self.chunks(params, batches, scorers=scorers, steps=steps,
+                                         log=log)),
                         keep_id=jax.process_count() > 1)
+
+
+def scorer_of(column: str) -> Optional[str]:
+  """The input scorer whose output `column` is (`<col>/<scorer>`), None for the model's own
+  columns (features, logits, pass-through, `layer/...`)."""
+  if "/" not in column or column.startswith(layer_lib.PREFIX + "/"):
+    return None
+  return column.rpartition("/")[2]
+
+
+def _when(flag: jax.Array, fn: Callable[[], object]) -> object:
+  """fn() where the traced bool `flag` is true, zeros of its outputs' shapes where it is not:
+  the branch not taken does no work on the device."""
+  shapes = jax.eval_shape(fn)
+  return jax.lax.cond(flag, fn, lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                                       shapes))
 
 
 def _at_least_f32(x: jax.Array) -> jax.Array:

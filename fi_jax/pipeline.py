@@ -95,28 +95,32 @@ def input_scorers(dets: Mapping[str, Any], names: Sequence[str], predict: extrac
   return {n: scorer(dets[n]) for n in names}
 
 
+def scored_input_scorers(dets: Mapping[str, Any]) -> list[str]:
+  """Every input scorer a run's step holds: those of a scored set (a superset of the fit
+  set's, `input_scorer_names`)."""
+  return input_scorer_names(dets, "id_test")
+
+
 def plan_forwards(names: Sequence[str], dets: Mapping[str, Any], predict: extract.PredictFn,
                   mesh, input_std: Sequence[float], forwards: dict,
                   log: Log = _no_log) -> dict[str, extract.Forward]:
   """{set name: the `extract.Forward` that extracts it}: one per (predict_fn, input scorers,
-  layer reducers), taken from `forwards` or created there (so that callers sharing the dict
-  share the compiled steps)."""
+  layer reducers) for every set (each set runs its own scorers, `input_scorer_names`), taken
+  from `forwards` or created there (so that callers sharing the dict share the compiled
+  step)."""
   reducers = layer_reducers(dets)
   predict_out = layer_lib.out_variant(predict) if reducers else None
   if reducers and predict_out is None and names:
     log("the predict function has no variant that returns the model's out: no layer "
         "columns; the layer detectors (" + ", ".join(
             n for n, d in dets.items() if "layers" in d.needs) + ") will fail")
-  out = {}
-  for name in names:
-    scorer_names = input_scorer_names(dets, name)
-    key = (predict, tuple(scorer_names), reducers)
-    if key not in forwards:
-      forwards[key] = extract.Forward(
-          predict, mesh, input_scorers=input_scorers(dets, scorer_names, predict, input_std),
-          layers=reducers if predict_out is not None else (), predict_out=predict_out)
-    out[name] = forwards[key]
-  return out
+  scorer_names = scored_input_scorers(dets)
+  key = (predict, tuple(scorer_names), reducers)
+  if names and key not in forwards:
+    forwards[key] = extract.Forward(
+        predict, mesh, input_scorers=input_scorers(dets, scorer_names, predict, input_std),
+        layers=reducers if predict_out is not None else (), predict_out=predict_out)
+  return {name: forwards[key] for name in names}
 
 
 def _finished_shards(root: str, log: Log) -> list[Arrays]:
@@ -138,7 +142,7 @@ def _shard_path(root: str, k: int) -> str:
 
 def _extract_sharded(name: str, spec: dict, forward: extract.Forward, params, *,
                      pp_fn: Callable, batch_size: int, shard_size: int, shard_root: Optional[str],
-                     log: Log, warm: Sequence[extract.Forward] = ()) -> Arrays:
+                     log: Log, scorers: Optional[Sequence[str]] = None) -> Arrays:
   """One set through the model, written to `shard_root` in shards of about `shard_size`
   examples as it goes, so that a rerun after a kill resumes at the shard in flight.
 
@@ -171,7 +175,7 @@ def _extract_sharded(name: str, spec: dict, forward: extract.Forward, params, *,
     rows.add(d)
   del done
   shard_start, step = rows.size, n_done * steps_per_shard
-  for chunk in forward.chunks(params, it, steps=steps, log=log, warm=warm):
+  for chunk in forward.chunks(params, it, scorers=scorers, steps=steps, log=log):
     rows.add(chunk)
     step += 1
     if steps_per_shard and step % steps_per_shard == 0 and step < steps:
@@ -205,13 +209,11 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
   is extracted (removed once `save` has the whole set), and an interrupted extraction resumes
   at its first missing shard.
 
-  The compiled forward is built once per run, not per set: one `extract.Forward` without
-  input scorers (the fit set) and one with them (every other set), each compiling once for the
-  per-device batch shape; the sets in the cache are loaded first, and while the first set is
-  extracted the other Forward compiles in the background (`extract.Forward.warm`). Pass the
-  same `forwards` dict to several calls with the same
-  `model()` predict_fn and detectors (e.g. the evaluator, every evaluation) to reuse their
-  compilations across calls too.
+  The compiled forward is built once per run, not per set: one `extract.Forward` holding every
+  input scorer, compiled once for the per-device batch shape, each set running only its own
+  scorers (the fit set none, or AdaSCALE's); the sets in the cache are loaded first. Pass the
+  same `forwards` dict to several calls with the same `model()` predict_fn and detectors
+  (e.g. the evaluator, every evaluation) to reuse the compilation across calls too.
   """
   forwards = {} if forwards is None else forwards
   out, todo = {}, {}
@@ -227,15 +229,14 @@ def extract_sets(specs: Mapping[str, dict], model: Callable[[], tuple[extract.Pr
   if todo:
     predict, params = model()
     set_forwards = plan_forwards(list(todo), dets, predict, mesh, input_std, forwards, log)
-    later = list(dict.fromkeys(set_forwards.values()))
   for name, cols in todo.items():
     spec, forward = specs[name], set_forwards[name]
     t = time.time()
     root = shard_root(name, spec, cols, batch_size, shard_size) if shard_root else None
-    later = [f for f in later if f is not forward]   # they compile while this set runs
     arrays = _extract_sharded(name, spec, forward, params, pp_fn=pp_fn,
                               batch_size=batch_size, shard_size=shard_size,
-                              shard_root=root, log=log, warm=later)
+                              shard_root=root, log=log,
+                              scorers=input_scorer_names(dets, name))
     if save:
       save(name, spec, cols, arrays, time.time() - t)
     if root:

@@ -1,7 +1,7 @@
-"""Compile once: the demo compiles its forward step once (plus once for the input-scorer step;
-layer detectors' reducers are part of both steps) and each detector's score once, whatever
-the number and sizes of the sets; bf16 compute gives float32 outputs and AUROCs close to
-float32 compute."""
+"""Compile once: the demo compiles its forward step once (input scorers and layer reducers are
+part of it; the fit set skips the scorers it does not need) and each detector's score once,
+whatever the number and sizes of the sets; bf16 compute gives float32 outputs and AUROCs close
+to float32 compute."""
 from __future__ import annotations
 
 import collections
@@ -59,9 +59,8 @@ def test_demo_compiles_forward_once_and_each_score_once(f32_run):
   _, _, results, counts = f32_run
   sizes = results["meta"]["set_sizes"]
   assert len(sizes) == 3 and len(set(sizes.values())) == 3   # three sets of different sizes
-  # the fit set's step (no input scorers) and the scored sets' step (ODIN): one compile each,
-  # not one per set
-  assert counts["jit(step)"] == 2, counts
+  # one step for every set: the fit set runs it with ODIN switched off
+  assert counts["jit(step)"] == 1, counts
   # one jitted score per detector (ODIN scores during extraction), whatever the set size
   assert 1 <= counts["jit(_score)"] <= len(DETECTORS) - 1, counts
 
@@ -146,3 +145,38 @@ def test_a_later_forward_compiles_in_the_background_once():
   want = list(extract.Forward(predict, mesh, input_scorers=scorer).chunks(params, batches))
   for g, w in zip(got, want, strict=True):
     assert sorted(g) == sorted(w) and all(np.array_equal(g[k], w[k]) for k in g)
+
+
+def test_a_skipped_scorer_runs_nothing_and_leaves_no_column():
+  """chunks(scorers=[]) on a Forward with an input scorer: the scorer never runs on the device
+  (lax.cond), its column is not yielded, features and logits equal those of a Forward without
+  scorers; with the scorer named, its column is there. One compile for both calls."""
+  import jax.numpy as jnp
+  from fi_jax import distributed, extract
+  calls = []
+
+  def scorer(p, x):
+    jax.debug.callback(lambda v: calls.append(len(v)), x[:, 0, 0, 0])
+    return jnp.sum(x.reshape(len(x), -1), 1)
+  predict = lambda p, x: (x.reshape(len(x), -1) @ p["w"], x.reshape(len(x), -1))
+  params = {"w": jnp.asarray(np.random.default_rng(0).standard_normal((12, 3)), jnp.float32)}
+  batches = [{"image": np.full((8, 2, 2, 3), i, np.float32), "label": np.zeros(8, np.int64),
+              "group": np.zeros(8, np.int64), "_id": np.arange(8 * i, 8 * i + 8),
+              "_mask": np.ones(8, bool)} for i in range(3)]
+  mesh = distributed.data_mesh()
+  fwd = extract.Forward(predict, mesh, input_scorers={"sum": scorer})
+  with compilations() as counts:
+    skipped = fwd.extract(params, batches, scorers=[])
+    jax.effects_barrier()
+    assert calls == [] and "score/sum" not in skipped
+    scored = fwd.extract(params, batches)
+    jax.effects_barrier()
+  assert counts["jit(step)"] == 1, counts
+  assert sum(calls) == 24, calls   # every row scored once
+  np.testing.assert_array_equal(scored["score/sum"], np.repeat(np.arange(3.0) * 12, 8))
+  plain = extract.Forward(predict, mesh).extract(params, batches)
+  assert sorted(plain) == sorted(skipped)
+  for k in plain:
+    np.testing.assert_array_equal(skipped[k], plain[k])
+  with pytest.raises(ValueError, match=r"input scorers \['odin'\] are not in"):
+    fwd.active(["odin"])

@@ -169,7 +169,7 @@ class Evaluator:
     self.zero_shot = dict(zero_shot) if zero_shot is not None else None
     self._tokenizer = self._make_tokenizer() if self.zero_shot is not None else None
     self._batches: dict[str, list] = {}        # set name -> preprocessed host batches
-    self._forwards: dict[tuple, extract.Forward] = {}
+    self._forwards: dict[Mesh, extract.Forward] = {}
     self._has_features = None                  # known after the first trace
     self.last_timings: dict[str, float] = {}   # of the last run(): extract_s, detectors_s
     self._embed_text = jax.jit(lambda p, tokens: self.predict_fn({"params": p},
@@ -255,16 +255,16 @@ class Evaluator:
       return iter(self._batches[name])
     return it
 
-  def _forward(self, mesh: Mesh, scored: bool) -> extract.Forward:
-    key = (mesh, scored)
-    if key not in self._forwards:
-      names = pipeline.input_scorer_names(self.detectors, "id_test" if scored else "id_fit")
+  def _forward(self, mesh: Mesh) -> extract.Forward:
+    """The run's one compiled step on `mesh` (every input scorer; each set runs its own)."""
+    if mesh not in self._forwards:
+      names = pipeline.scored_input_scorers(self.detectors)
       reducers = pipeline.layer_reducers(self.detectors)
-      self._forwards[key] = extract.Forward(
+      self._forwards[mesh] = extract.Forward(
           self._predict, mesh, input_scorers=pipeline.input_scorers(
               self.detectors, names, self._predict, self.input_std),
           layers=reducers, predict_out=self._predict_out if reducers else None)
-    return self._forwards[key]
+    return self._forwards[mesh]
 
   def _extract(self, name: str, fwd: extract.Forward, p, mesh: Mesh) -> dict[str, np.ndarray]:
     """One set through the compiled step, two steps in flight; rows in set order. Each process
@@ -273,6 +273,8 @@ class Evaluator:
     sharding = NamedSharding(mesh, P(tuple(mesh.axis_names)))
     n_local = len(mesh.local_devices)
     pending, rows = collections.deque(), []
+    own = pipeline.input_scorer_names(self.detectors, name)
+    active, skipped = fwd.active(own), set(fwd.scorer_names) - set(own)
 
     def fetch(out):
       rows.append(extract.host_rows(out))
@@ -284,7 +286,8 @@ class Evaluator:
                          f"as a multiple of {mesh.size}.")
       with jax.transfer_guard("allow"):   # explicit (counts as implicit with several processes)
         batch = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
-      out = fwd.step(p, batch)
+      out = fwd.step(p, batch, active)
+      out = {k: v for k, v in out.items() if extract.scorer_of(k) not in skipped}
       for v in out.values():
         v.copy_to_host_async()
       pending.append(out)
@@ -316,7 +319,7 @@ class Evaluator:
     t0, sets = time.time(), {}
     for name in self.sets:
       t = time.time()
-      sets[name] = self._extract(name, self._forward(mesh, name != "id_fit"), p, mesh)
+      sets[name] = self._extract(name, self._forward(mesh), p, mesh)
       _log.info("fi_ood: %s extracted in %.2f s", name, time.time() - t)
     head = self._head(params, zs)
     self.last_timings = {"extract_s": time.time() - t0}
