@@ -15,10 +15,11 @@ API (what `fi_jax.pipeline` and the big_vision evaluator build on):
 A `Forward` holds one `jax.jit` step; XLA compiles it once per (parameter structure, per-device
 batch shape), so every set that goes through the same `Forward` with the same global batch
 size (sets are padded to it) reuses one compilation. Input scorers (ODIN) are part of the
-step, each under a `lax.cond` on a flag passed with the batch: `chunks(..., scorers=names)`
-runs only the named ones (the fit set, which no detector scores, runs none or only AdaSCALE's)
-and drops the others' columns, so one compiled step serves every set of a run and a skipped
-scorer costs no device time. `chunks` keeps up to `depth` steps in flight: step i+1
+step, with flags passed with the batch: `chunks(..., scorers=names)` keeps only the named
+ones' columns, and the scorers given as `optional` run under one
+`lax.cond` that skips them on the device when none of them is named (the fit set, which no
+detector scores, runs none of them; AdaSCALE's, which it needs, are not optional). So one
+compiled step serves every set of a run. `chunks` keeps up to `depth` steps in flight: step i+1
 is dispatched (and its outputs start copying to the host) before step i's outputs are fetched,
 so host input and device compute overlap. Features and logits come out at least float32
 whatever dtype the model computes in (bfloat16 outputs are cast; float32 ones are untouched).
@@ -69,25 +70,38 @@ class Forward:
   `step(params, global_batch, active)` -> {logits, features, label, group, _id, _mask,
   score/<name>...} as device arrays split along the batch like the input (dispatched
   asynchronously; each process reads its own rows with `host_rows`); `active` is a bool
-  [len(scorer_names)] array (`active(names)`): a scorer whose flag is False is skipped on the
-  device (`lax.cond`) and its columns are zeros. `chunks` and `extract` run it over a set's
-  batches with the scorers named. Reuse one `Forward` for every set: its jitted step compiles
-  once per per-device batch shape, whichever scorers a set runs.
+  [len(scorer_names)] array (`active(names)`). The scorers named in `optional` run together
+  under one `lax.cond`: only when at least one of them is active (else their columns are
+  zeros and the device does none of their work); the others always run. Together, so that XLA
+  shares their common work (every input scorer starts with a forward pass on the same images).
+  `chunks` and `extract` run the step over a set's batches and keep only the columns of the
+  scorers named. Reuse one `Forward` for every set: its jitted step compiles once per
+  per-device batch shape, whichever scorers a set runs.
   """
 
   def __init__(self, predict_fn: PredictFn, mesh, *,
                input_scorers: Optional[Mapping[str, InputScorer]] = None,
+               optional: Sequence[str] = (),
                layers: Sequence[str] = (), predict_out: Optional[PredictOutFn] = None):
     self.predict_fn, self.mesh = predict_fn, mesh
     self.input_scorers = dict(input_scorers or {})
     self.scorer_names = tuple(self.input_scorers)
+    unknown = sorted(set(optional) - set(self.scorer_names))
+    if unknown:
+      raise ValueError(f"optional scorers {unknown} are not among the input scorers "
+                       f"{list(self.scorer_names)}.")
+    self.optional = tuple(n for n in self.scorer_names if n in set(optional))
     self.layers = layer_lib.check_reducers(layers)
     if self.layers and predict_out is None:
       raise ValueError("Forward(layers=...) needs predict_out(params, images) -> (logits, "
                        "features, out), the predict variant that returns the model's out.")
     self._repl = distributed.replicated(mesh)
     self._split = distributed.rows_sharding(mesh)   # outputs: each process keeps its rows
-    scorers, reducers = self.input_scorers, self.layers
+    scorers, reducers, names = self.input_scorers, self.layers, self.scorer_names
+    opt_index = np.array([names.index(n) for n in self.optional], np.int32)
+
+    def run_scorers(params, images, which):
+      return {n: scorers[n](params, images) for n in which}
 
     def step(params, batch, active):
       cols = {}
@@ -98,9 +112,13 @@ class Forward:
         logits, features = predict_fn(params, batch["image"])
       out = {**cols, "logits": _at_least_f32(logits), "features": _at_least_f32(features),
              **{k: batch[k] for k in _PASS_THROUGH}}
-      for i, (name, scorer) in enumerate(scorers.items()):
-        res = _when(active[i], functools.partial(scorer, params, batch["image"]))
-        for col, v in (res.items() if isinstance(res, dict) else [("score", res)]):
+      res = run_scorers(params, batch["image"], [n for n in names if n not in self.optional])
+      if self.optional:
+        res.update(_when(jnp.any(active[opt_index]), functools.partial(
+            run_scorers, params, batch["image"], self.optional)))
+      for name in names:
+        r = res[name]
+        for col, v in (r.items() if isinstance(r, dict) else [("score", r)]):
           out[f"{col}/{name}"] = v
       return out
 

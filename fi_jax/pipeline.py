@@ -117,8 +117,10 @@ def plan_forwards(names: Sequence[str], dets: Mapping[str, Any], predict: extrac
   scorer_names = scored_input_scorers(dets)
   key = (predict, tuple(scorer_names), reducers)
   if names and key not in forwards:
+    fit_set = input_scorer_names(dets, "id_fit")
     forwards[key] = extract.Forward(
         predict, mesh, input_scorers=input_scorers(dets, scorer_names, predict, input_std),
+        optional=[n for n in scorer_names if n not in fit_set],
         layers=reducers if predict_out is not None else (), predict_out=predict_out)
   return {name: forwards[key] for name in names}
 

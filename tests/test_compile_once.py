@@ -148,9 +148,10 @@ def test_a_later_forward_compiles_in_the_background_once():
 
 
 def test_a_skipped_scorer_runs_nothing_and_leaves_no_column():
-  """chunks(scorers=[]) on a Forward with an input scorer: the scorer never runs on the device
-  (lax.cond), its column is not yielded, features and logits equal those of a Forward without
-  scorers; with the scorer named, its column is there. One compile for both calls."""
+  """chunks(scorers=[]) on a Forward with an optional input scorer: the scorer never runs on
+  the device (lax.cond), its column is not yielded, features and logits equal those of a
+  Forward without scorers; with the scorer named, its column is there. A scorer that is not
+  optional always runs (its column is dropped when not named). One compile for both calls."""
   import jax.numpy as jnp
   from fi_jax import distributed, extract
   calls = []
@@ -164,15 +165,18 @@ def test_a_skipped_scorer_runs_nothing_and_leaves_no_column():
               "group": np.zeros(8, np.int64), "_id": np.arange(8 * i, 8 * i + 8),
               "_mask": np.ones(8, bool)} for i in range(3)]
   mesh = distributed.data_mesh()
-  fwd = extract.Forward(predict, mesh, input_scorers={"sum": scorer})
+  always = {"max": lambda p, x: jnp.max(x.reshape(len(x), -1), 1)}
+  fwd = extract.Forward(predict, mesh, input_scorers={**always, "sum": scorer}, optional=["sum"])
   with compilations() as counts:
     skipped = fwd.extract(params, batches, scorers=[])
     jax.effects_barrier()
-    assert calls == [] and "score/sum" not in skipped
+    assert calls == [] and "score/sum" not in skipped and "score/max" not in skipped
     scored = fwd.extract(params, batches)
+    np.testing.assert_array_equal(fwd.extract(params, batches, scorers=["max"])["score/max"],
+                                  np.repeat(np.arange(3.0), 8))
     jax.effects_barrier()
+    assert sum(calls) == 24, calls   # once per row, by the full call: with "max" alone, skipped
   assert counts["jit(step)"] == 1, counts
-  assert sum(calls) == 24, calls   # every row scored once
   np.testing.assert_array_equal(scored["score/sum"], np.repeat(np.arange(3.0) * 12, 8))
   plain = extract.Forward(predict, mesh).extract(params, batches)
   assert sorted(plain) == sorted(skipped)
@@ -180,3 +184,5 @@ def test_a_skipped_scorer_runs_nothing_and_leaves_no_column():
     np.testing.assert_array_equal(skipped[k], plain[k])
   with pytest.raises(ValueError, match=r"input scorers \['odin'\] are not in"):
     fwd.active(["odin"])
+  with pytest.raises(ValueError, match=r"optional scorers \['odin'\] are not among"):
+    extract.Forward(predict, mesh, input_scorers=always, optional=["odin"])

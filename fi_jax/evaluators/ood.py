@@ -260,9 +260,11 @@ class Evaluator:
     if mesh not in self._forwards:
       names = pipeline.scored_input_scorers(self.detectors)
       reducers = pipeline.layer_reducers(self.detectors)
+      fit_set = pipeline.input_scorer_names(self.detectors, "id_fit")
       self._forwards[mesh] = extract.Forward(
           self._predict, mesh, input_scorers=pipeline.input_scorers(
               self.detectors, names, self._predict, self.input_std),
+          optional=[n for n in names if n not in fit_set],
           layers=reducers, predict_out=self._predict_out if reducers else None)
     return self._forwards[mesh]
 
