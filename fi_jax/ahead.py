@@ -4,7 +4,12 @@ A small run's wall time is mostly XLA compilation: the forward steps, every dete
 and score, the metrics (the demo: ~155 compilations, ~35 s of CPU). None of them depends on
 the parameter values, only on shapes, and training leaves part of the machine idle (the demo's
 tiny ViT keeps ~1.6 of 2 cores busy, with one core it is only 20% slower).
-`CompileAhead.start` runs in a background thread:
+`CompileAhead.start` runs in a background thread, which first imports TensorFlow (the
+training's preprocessing needs it too) and, started with `hold`, then waits until the training
+step is traced (`start` returns the function that says so; `fi_jax.train` calls it): before
+that its own tracing, which holds the GIL, would slow down the preprocessing and the tracing of
+the training step, which come first on the critical path (XLA's compilations release it).
+Then:
 
 1. each set's Forward (the very objects `pipeline.extract_sets` will use, shared through the
    `forwards` dict) starts compiling its step for the set's first real batch
@@ -30,7 +35,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
-from fi_jax import data, detectors, distributed, extract, pipeline
+from fi_jax import data, detectors, distributed, extract, pipeline, preprocess
 
 MAX_ROWS = 50_000   # above this the synthetic sets cost real work: forwards only
 
@@ -116,6 +121,7 @@ class CompileAhead:
 
   def __init__(self):
     self._stop = threading.Event()
+    self._go = threading.Event()             # set: the thread may start compiling
     self._thread: Optional[threading.Thread] = None
     self._cond = threading.Condition()
     self._current: Optional[str] = None     # the detector the thread is running
@@ -124,13 +130,22 @@ class CompileAhead:
     self.error: Optional[str] = None
 
   def start(self, specs: Mapping[str, dict], dets: Mapping[str, Any], predict, params,
-            head: detectors.Head, forwards: dict, **kwargs) -> None:
+            head: detectors.Head, forwards: dict, *, hold: bool = False,
+            **kwargs) -> Callable[[], None]:
+    """Starts the thread; with `hold` it does nothing after the TensorFlow import until the
+    returned function is called (e.g. when the training runs). Returns that function."""
     # the Forwards exist before the thread does: extraction can never make its own
     pipeline.plan_forwards(list(specs), dets, predict, kwargs["mesh"], kwargs["input_std"],
                            forwards)
+    if not hold:
+      self._go.set()
 
     def body():
       try:
+        preprocess.tf_module()
+        while not self._go.wait(0.05):
+          if self._stop.is_set():
+            return
         self.ran = compile_ahead(specs, dets, predict, params, head, forwards,
                                  stop=self._stop, take=self._take, **kwargs)
       except Exception as e:  # pylint: disable=broad-except  (only a head start is lost)
@@ -139,6 +154,7 @@ class CompileAhead:
         self._take(None)   # nothing in progress any more
     self._thread = threading.Thread(target=body, name="fi_jax-ahead", daemon=True)
     self._thread.start()
+    return self._go.set
 
   def _take(self, name: Optional[str]) -> bool:
     """The thread's claim: the previous detector is done; runs `name` unless the stage has

@@ -9,7 +9,7 @@ chunk is drawn while the device trains on the current one.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -25,12 +25,15 @@ def train_classifier(model, params, images: np.ndarray, labels: np.ndarray, *, s
                      batch_size: int, lr: float, weight_decay: float = 1e-4,
                      warmup_steps: int = 0, label_smoothing: float = 0.0,
                      augment_shift: int = 0, seed: int = 0,
-                     log: Callable[[str], None] = lambda s: None):
+                     log: Callable[[str], None] = lambda s: None,
+                     on_traced: Optional[Callable[[], None]] = None):
   """Trains `model` with AdamW + cosine decay on (images, labels); returns the new params.
 
   Step i trains on `batch_size` examples drawn uniformly with replacement by
   `np.random.default_rng(seed)`, each shifted by up to `augment_shift` pixels (from the same
-  generator), with dropout key `fold_in(PRNGKey(seed), i)`.
+  generator), with dropout key `fold_in(PRNGKey(seed), i)`. `on_traced()` is called once the
+  training step is traced: what remains before the steps run, XLA's compilation, releases the
+  GIL (what waits for that to use Python, fi_jax.ahead, can start).
   """
   num_classes = int(labels.max()) + 1
   warmup_steps = min(warmup_steps, steps // 2)   # short runs (tests) keep a decay phase
@@ -73,6 +76,11 @@ def train_classifier(model, params, images: np.ndarray, labels: np.ndarray, *, s
   t0 = time.time()
   start = 0
   batches = draw(min(chunk, steps)) if steps > 0 else None
+  if steps > 0:   # traced here, so that `on_traced` can say so before XLA compiles it
+    lowered = run_steps.lower(params, opt_state, start, min(chunk, steps), *batches)
+    if on_traced is not None:
+      on_traced()
+    run_steps = lowered.compile()
   while start < steps:
     count = min(chunk, steps - start)
     params, opt_state, loss = run_steps(params, opt_state, start, count, *batches)

@@ -34,7 +34,8 @@ def _config(compile_ahead: bool):
 class _Synchronous(ahead.CompileAhead):
   """compile_ahead in the caller (before training starts), so that it always completes."""
 
-  def start(self, *args, **kwargs):
+  def start(self, *args, hold=False, **kwargs):
+    del hold
     self.ran = ahead.compile_ahead(*args, stop=self._stop, **kwargs)
 
 
@@ -103,13 +104,34 @@ def test_synthetic_set_has_the_step_shapes_every_class_and_the_groups():
   assert (ahead.synthetic_set(shapes, no_labels, 3, num_classes=4)["label"] == -1).all()
 
 
-def _started(monkeypatch, fake_compile_ahead, job=None) -> ahead.CompileAhead:
-  """`job` (a new CompileAhead by default) started with `fake_compile_ahead` as its work."""
+def _started(monkeypatch, fake_compile_ahead, job=None, hold=False):
+  """`job` (a new CompileAhead by default) started with `fake_compile_ahead` as its work;
+  (job, the function `start` returns)."""
   monkeypatch.setattr(ahead, "compile_ahead", fake_compile_ahead)
   monkeypatch.setattr(pipeline, "plan_forwards", lambda *a, **k: {})
   job = job or ahead.CompileAhead()
-  job.start({}, {}, None, None, None, {}, mesh=None, input_std=(0.5,))
-  return job
+  go = job.start({}, {}, None, None, None, {}, hold=hold, mesh=None, input_std=(0.5,))
+  return job if not hold else (job, go)
+
+
+def test_a_held_thread_waits_for_the_go(monkeypatch):
+  """start(hold=True): the thread imports TensorFlow, then runs nothing until the returned
+  function is called; finish() before that ends it without running anything."""
+  ran = threading.Event()
+
+  def fake_compile_ahead(*args, **kwargs):
+    ran.set()
+    return ["x"]
+  job, go = _started(monkeypatch, fake_compile_ahead, hold=True)
+  assert not ran.wait(0.5)
+  go()
+  assert ran.wait(5)
+  job.finish()
+  assert job.ran == ["x"]
+  ran.clear()
+  job, go = _started(monkeypatch, fake_compile_ahead, hold=True)
+  job.finish()
+  assert not ran.is_set() and job.ran == [] and job.error is None
 
 
 def test_finish_stops_after_the_detector_in_progress(monkeypatch):

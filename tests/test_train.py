@@ -64,3 +64,43 @@ def test_chunked_training_equals_per_step_loop(chunk_bytes, monkeypatch):
                                               (2, 4, 6, 8, 10, 12, 13)]
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_on_traced_is_called_once_before_the_step_compiles():
+  """train_classifier(on_traced=f): f runs once, after the training step is traced and before
+  XLA compiles it (fi_jax.ahead then starts its own tracing)."""
+  events = []
+
+  def listener(event, duration, **kw):
+    del duration
+    if (event == "/jax/core/compile/backend_compile_duration"
+        and kw.get("fun_name") == "jit(run_steps)"):
+      events.append("compiled")
+  model = _Tiny()
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 4, 1)))["params"]
+  rng = np.random.default_rng(0)
+  images = rng.normal(size=(20, 4, 4, 1)).astype(np.float32)
+  labels = np.arange(20) % 3
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    train.train_classifier(model, params, images, labels, steps=7, batch_size=4, lr=1e-2,
+                           seed=3, on_traced=lambda: events.append("traced"))
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert events in (["traced", "compiled"], ["traced"]), events   # (a cache hit: no compile)
+
+
+def test_the_init_options_give_the_default_initial_values():
+  """run._init_compiler_options (LLVM -O1 on CPU, for a faster compile) leaves the demo ViT's
+  initial parameters bit-identical."""
+  from configs import demo   # pylint: disable=g-import-not-at-top
+  from fi_jax import run   # pylint: disable=g-import-not-at-top
+  from fi_jax.models import vit   # pylint: disable=g-import-not-at-top
+  c = demo.get_config()
+  model = vit.Model(**c.model.to_dict())
+  init = lambda: model.init(jax.random.PRNGKey(c.seed), jnp.zeros(c.init_shape))["params"]
+  options = run._init_compiler_options()  # pylint: disable=protected-access
+  fast = jax.jit(init, compiler_options=options)()
+  plain = jax.jit(init)()
+  for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(plain), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
