@@ -352,7 +352,8 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
                take: Optional[Callable[[str], bool]] = None,
                on_scores: Optional[Callable[[str, dict], None]] = None) -> tuple[dict, dict]:
   """Fits every detector on "id_fit" and scores every other set, all inside one
-  `detectors.shared()` scope (work common to several detectors is done once).
+  `detectors.shared()` scope (work common to several detectors is done once), in scoring blocks
+  sized for the largest scored set (`detectors.scoring_rows`).
 
   Returns ({detector: {set name: scores}}, {detector: error text}). A detector whose scores
   contain NaN or inf on any set fails (`check_finite_scores`) and gets no scores. With
@@ -371,7 +372,8 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
     fit_layers = layer_outputs(fit, sets["id_fit"])
     test_layers = {s: layer_outputs(out, sets[s]) for s, out in test_sets.items()}
   scores, errors = {}, {}
-  with detectors.shared(dets.values()):
+  largest = max((detectors.num_rows(out) for out in test_sets.values()), default=0)
+  with detectors.shared(dets.values()), detectors.scoring_rows(largest):
     for name, det in dets.items():
       if stop is not None and stop.is_set():
         break

@@ -186,3 +186,40 @@ def test_a_skipped_scorer_runs_nothing_and_leaves_no_column():
     fwd.active(["odin"])
   with pytest.raises(ValueError, match=r"optional scorers \['odin'\] are not among"):
     extract.Forward(predict, mesh, input_scorers=always, optional=["odin"])
+
+
+def test_a_run_of_small_sets_scores_in_smaller_blocks(monkeypatch):
+  """score_sets pads every scored set to the power of two above the largest one (here 512, not
+  SCORE_BLOCK = 4096), with one compiled score for both sets, and the same scores as one call on
+  the whole set; with a set above SCORE_BLOCK the blocks are SCORE_BLOCK rows again."""
+  from fi_jax.detectors import core   # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  d, c = 16, 5
+  w = rng.normal(size=(d, c)).astype(np.float32)
+  b = rng.normal(size=c).astype(np.float32)
+  head = pipeline.detectors.Head(jax.numpy.asarray(w), jax.numpy.asarray(b))
+
+  def arrays(n):
+    h = np.abs(rng.normal(size=(n, d))).astype(np.float32)
+    return {"features": h, "logits": h @ w + b, "label": rng.integers(0, c, n)}
+  sets = {"id_fit": arrays(400), "id_test": arrays(300), "ood/x": arrays(200)}
+  dets = pipeline.build_detectors(["energy", "mds", "knn"])
+  sizes = []
+  real = core.score_blocks
+  monkeypatch.setattr(core, "score_blocks",
+                      lambda out, block: sizes.append(block) or real(out, block))
+  jax.clear_caches()
+  with compilations() as counts:
+    blocked, errors = pipeline.score_sets(dets, sets, head)
+  assert not errors and set(sizes) == {512}, sizes
+  assert counts["jit(_score)"] == 3, counts   # one per detector for both set sizes
+  monkeypatch.setattr(core, "SCORE_BLOCK", None)
+  whole, _ = pipeline.score_sets(dets, sets, head)
+  for name in dets:   # knn: float32 similarities, whose dot XLA vectorises by row count
+    tol = 1e-6 if name == "knn" else 1e-12
+    for s in ("id_test", "ood/x"):
+      np.testing.assert_allclose(blocked[name][s], whole[name][s], rtol=tol, atol=tol)
+  monkeypatch.setattr(core, "SCORE_BLOCK", 4096)
+  sizes.clear()
+  pipeline.score_sets({"energy": dets["energy"]}, {**sets, "ood/big": arrays(5000)}, head)
+  assert set(sizes) == {4096}, sizes

@@ -36,7 +36,8 @@ from fi_jax.detectors import (activation, distance, gradient, knn, layer, logit,
                               weiper, zero_shot)
 from fi_jax.detectors.shared import active as shared_active
 from fi_jax.detectors.shared import shared
-from fi_jax.detectors.core import Detector, Head, Outputs
+from fi_jax.detectors.core import Detector, Head, Outputs, scoring_rows
+from fi_jax.detectors.stats import num_rows
 
 PRESETS = ("ninco", "openood")
 

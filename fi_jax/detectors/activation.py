@@ -509,11 +509,11 @@ class LINe(Detector):
     return _line_scores(x, pred, state, self._blk(n, d, state["w"].shape[1]))
 
   def _score_blocked(self, state, outputs):
-    """The rows sorted by predicted class *before* they are cut into SCORE_BLOCK-row blocks:
+    """The rows sorted by predicted class *before* they are cut into score-block-row blocks:
     a block then holds whole classes, and each class's masked heads are built about once per
     set, not once per block (the cost of LINe's score). Two fixed-shape jitted calls per block
     (prediction, scores) serve every set whose rows per class round to the same `blk`."""
-    block = core.SCORE_BLOCK
+    block = core.score_block()
     n, blocks = core.score_blocks(outputs, block)
     if blocks is None:
       return super()._score_blocked(state, outputs)
