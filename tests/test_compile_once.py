@@ -112,6 +112,17 @@ def test_block_scoring_matches_one_call(name, monkeypatch):
   np.testing.assert_allclose(blocked, whole, rtol=1e-12, atol=1e-12)
 
 
+def _linear_model_and_batches():
+  """(predict_fn, params, three batches of 8 images 2x2x3, batch i filled with i)."""
+  import jax.numpy as jnp   # pylint: disable=g-import-not-at-top
+  predict = lambda p, x: (x.reshape(len(x), -1) @ p["w"], x.reshape(len(x), -1))
+  params = {"w": jnp.asarray(np.random.default_rng(0).standard_normal((12, 3)), jnp.float32)}
+  batches = [{"image": np.full((8, 2, 2, 3), i, np.float32), "label": np.zeros(8, np.int64),
+              "group": np.zeros(8, np.int64), "_id": np.arange(8 * i, 8 * i + 8),
+              "_mask": np.ones(8, bool)} for i in range(3)]
+  return predict, params, batches
+
+
 def test_a_later_forward_compiles_in_the_background_once():
   """chunks(..., warm=(other,)) compiles the other Forward's step in a background thread while
   the first set runs; the other Forward's own first step reuses it (one compile in all) and
@@ -126,11 +137,7 @@ def test_a_later_forward_compiles_in_the_background_once():
     if event == "/jax/core/compile/backend_compile_duration" and kw.get("fun_name") == "jit(step)":
       background = threading.current_thread().name.startswith("fi_jax-compile")
       threads["background" if background else "caller"] += 1
-  predict = lambda p, x: (x.reshape(len(x), -1) @ p["w"], x.reshape(len(x), -1))
-  params = {"w": jnp.asarray(np.random.default_rng(0).standard_normal((12, 3)), jnp.float32)}
-  batches = [{"image": np.full((8, 2, 2, 3), i, np.float32), "label": np.zeros(8, np.int64),
-              "group": np.zeros(8, np.int64), "_id": np.arange(8 * i, 8 * i + 8),
-              "_mask": np.ones(8, bool)} for i in range(3)]
+  predict, params, batches = _linear_model_and_batches()
   mesh = distributed.data_mesh()
   scorer = {"sum": lambda p, x: jnp.sum(x.reshape(len(x), -1), 1)}
   plain = extract.Forward(predict, mesh)
@@ -159,11 +166,7 @@ def test_a_skipped_scorer_runs_nothing_and_leaves_no_column():
   def scorer(p, x):
     jax.debug.callback(lambda v: calls.append(len(v)), x[:, 0, 0, 0])
     return jnp.sum(x.reshape(len(x), -1), 1)
-  predict = lambda p, x: (x.reshape(len(x), -1) @ p["w"], x.reshape(len(x), -1))
-  params = {"w": jnp.asarray(np.random.default_rng(0).standard_normal((12, 3)), jnp.float32)}
-  batches = [{"image": np.full((8, 2, 2, 3), i, np.float32), "label": np.zeros(8, np.int64),
-              "group": np.zeros(8, np.int64), "_id": np.arange(8 * i, 8 * i + 8),
-              "_mask": np.ones(8, bool)} for i in range(3)]
+  predict, params, batches = _linear_model_and_batches()
   mesh = distributed.data_mesh()
   always = {"max": lambda p, x: jnp.max(x.reshape(len(x), -1), 1)}
   fwd = extract.Forward(predict, mesh, input_scorers={**always, "sum": scorer}, optional=["sum"])
