@@ -130,14 +130,15 @@ def main(argv=None) -> None:
              "label": np.zeros(args.batch, np.int64), "group": -np.ones(args.batch, np.int64),
              "_id": np.arange(args.batch, dtype=np.int64), "_mask": np.ones(args.batch, bool)}
     batch = distributed.global_batch(mesh, local)
-    compiled = fwd.step.lower(params, batch).compile()
+    active = fwd.active()   # (no input scorers here: an empty flag vector)
+    compiled = fwd.step.lower(params, batch, active).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     flops = float((cost or {}).get("flops", 0.0))
-    jax.block_until_ready(fwd.step(params, batch))   # warm
+    jax.block_until_ready(fwd.step(params, batch, active))   # warm
     steps = max(1, n // args.batch) * args.repeats
     t = time.time()
-    outs = [fwd.step(params, batch) for _ in range(steps)]
+    outs = [fwd.step(params, batch, active) for _ in range(steps)]
     jax.block_until_ready(outs)
     b = steps * args.batch / (time.time() - t)
     del outs
