@@ -1,7 +1,7 @@
 """Compile ahead: while the model trains, compile what the run will compile after it.
 
 A small run's wall time is mostly XLA compilation: the forward steps, every detector's fit
-and score, the metrics (the demo: ~155 compilations, ~35 s of CPU). None of them depends on
+and score, the metrics (the demo: ~155 compilations, ~30 s of CPU). None of them depends on
 the parameter values, only on shapes, and training leaves part of the machine idle (the demo's
 tiny ViT keeps ~1.6 of 2 cores busy, with one core it is only 20% slower).
 `CompileAhead.start` runs in a background thread, which first imports TensorFlow (the
