@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
-from fi_jax import data, detectors, distributed, extract, pipeline, preprocess
+from fi_jax import data, detectors, distributed, pipeline, preprocess
 
 MAX_ROWS = 50_000   # above this the synthetic sets cost real work: forwards only
 
@@ -90,9 +90,8 @@ def compile_ahead(specs: Mapping[str, dict], dets: Mapping[str, Any], predict, p
     fwd.warm(placed, batch, wait=True)   # one compilation at a time: training needs the cores
     rows += info.num_examples
     if rows <= max_rows:
-      shapes = jax.eval_shape(fwd.step, placed, batch, fwd.active())
-      own = pipeline.input_scorer_names(dets, name)   # the set's columns only
-      shapes = {k: v for k, v in shapes.items() if extract.scorer_of(k) in (None, *own)}
+      shapes = fwd.own_columns(jax.eval_shape(fwd.step, placed, batch, fwd.active()),
+                               pipeline.input_scorer_names(dets, name))   # the set's columns
       fake[name] = synthetic_set(shapes, first, info.num_examples, int(head.b.shape[0]),
                                  seed=len(fake))
   if rows > max_rows or stop.is_set():

@@ -141,6 +141,15 @@ class Forward:
       self._active[names] = jax.device_put(flags, self._repl)
     return self._active[names]
 
+  def own_columns(self, out: Mapping[str, object], scorers: Optional[Sequence[str]] = None
+                  ) -> dict[str, object]:
+    """`out` (a step's outputs, or their shapes) without the columns of the input scorers not
+    in `scorers` (None: every column)."""
+    if scorers is None:
+      return dict(out)
+    skipped = set(self.scorer_names) - set(scorers)
+    return {k: v for k, v in out.items() if scorer_of(k) not in skipped}
+
   def warm(self, params, batch, wait: bool = False) -> None:
     """Starts compiling the step for (params, global batch)'s shapes and shardings in the
     background (once); the first step of `chunks` waits for it, so it never compiles twice.
@@ -173,7 +182,6 @@ class Forward:
     their steps for the first batch's shapes in the background (see `warm`)."""
     params = self.put_params(params)
     active = self.active(scorers)
-    skipped = set(self.scorer_names) - set(self.scorer_names if scorers is None else scorers)
     pending: collections.deque = collections.deque()
     t0 = last = time.time()
     self._wait_warm()
@@ -183,8 +191,7 @@ class Forward:
         for other in warm:
           if other is not self:
             other.warm(other.put_params(params), batch)
-      out = self.step(params, batch, active)
-      out = {k: v for k, v in out.items() if scorer_of(k) not in skipped}
+      out = self.own_columns(self.step(params, batch, active), scorers)
       for v in out.values():
         v.copy_to_host_async()   # (this process's shards) as soon as the step is done
       pending.append(out)

@@ -95,10 +95,18 @@ def input_scorers(dets: Mapping[str, Any], names: Sequence[str], predict: extrac
   return {n: scorer(dets[n]) for n in names}
 
 
-def scored_input_scorers(dets: Mapping[str, Any]) -> list[str]:
-  """Every input scorer a run's step holds: those of a scored set (a superset of the fit
-  set's, `input_scorer_names`)."""
-  return input_scorer_names(dets, "id_test")
+def build_forward(dets: Mapping[str, Any], predict: extract.PredictFn, mesh,
+                  input_std: Sequence[float], predict_out: Optional[extract.PredictOutFn] = None,
+                  ) -> extract.Forward:
+  """The one `extract.Forward` of a run: every input scorer of a scored set (a superset of the
+  fit set's), those the fit set does not run `optional`; the layer reducers when `predict_out`
+  is given."""
+  names = input_scorer_names(dets, "id_test")
+  fit_set = input_scorer_names(dets, "id_fit")
+  return extract.Forward(
+      predict, mesh, input_scorers=input_scorers(dets, names, predict, input_std),
+      optional=[n for n in names if n not in fit_set],
+      layers=layer_reducers(dets) if predict_out is not None else (), predict_out=predict_out)
 
 
 def plan_forwards(names: Sequence[str], dets: Mapping[str, Any], predict: extract.PredictFn,
@@ -114,14 +122,9 @@ def plan_forwards(names: Sequence[str], dets: Mapping[str, Any], predict: extrac
     log("the predict function has no variant that returns the model's out: no layer "
         "columns; the layer detectors (" + ", ".join(
             n for n, d in dets.items() if "layers" in d.needs) + ") will fail")
-  scorer_names = scored_input_scorers(dets)
-  key = (predict, tuple(scorer_names), reducers)
+  key = (predict, tuple(input_scorer_names(dets, "id_test")), reducers)
   if names and key not in forwards:
-    fit_set = input_scorer_names(dets, "id_fit")
-    forwards[key] = extract.Forward(
-        predict, mesh, input_scorers=input_scorers(dets, scorer_names, predict, input_std),
-        optional=[n for n in scorer_names if n not in fit_set],
-        layers=reducers if predict_out is not None else (), predict_out=predict_out)
+    forwards[key] = build_forward(dets, predict, mesh, input_std, predict_out)
   return {name: forwards[key] for name in names}
 
 

@@ -258,14 +258,10 @@ class Evaluator:
   def _forward(self, mesh: Mesh) -> extract.Forward:
     """The run's one compiled step on `mesh` (every input scorer; each set runs its own)."""
     if mesh not in self._forwards:
-      names = pipeline.scored_input_scorers(self.detectors)
       reducers = pipeline.layer_reducers(self.detectors)
-      fit_set = pipeline.input_scorer_names(self.detectors, "id_fit")
-      self._forwards[mesh] = extract.Forward(
-          self._predict, mesh, input_scorers=pipeline.input_scorers(
-              self.detectors, names, self._predict, self.input_std),
-          optional=[n for n in names if n not in fit_set],
-          layers=reducers, predict_out=self._predict_out if reducers else None)
+      self._forwards[mesh] = pipeline.build_forward(
+          self.detectors, self._predict, mesh, self.input_std,
+          predict_out=self._predict_out if reducers else None)
     return self._forwards[mesh]
 
   def _extract(self, name: str, fwd: extract.Forward, p, mesh: Mesh) -> dict[str, np.ndarray]:
@@ -276,7 +272,7 @@ class Evaluator:
     n_local = len(mesh.local_devices)
     pending, rows = collections.deque(), []
     own = pipeline.input_scorer_names(self.detectors, name)
-    active, skipped = fwd.active(own), set(fwd.scorer_names) - set(own)
+    active = fwd.active(own)
 
     def fetch(out):
       rows.append(extract.host_rows(out))
@@ -288,8 +284,7 @@ class Evaluator:
                          f"as a multiple of {mesh.size}.")
       with jax.transfer_guard("allow"):   # explicit (counts as implicit with several processes)
         batch = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
-      out = fwd.step(p, batch, active)
-      out = {k: v for k, v in out.items() if extract.scorer_of(k) not in skipped}
+      out = fwd.own_columns(fwd.step(p, batch, active), own)
       for v in out.values():
         v.copy_to_host_async()
       pending.append(out)
