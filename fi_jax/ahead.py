@@ -1,9 +1,10 @@
 """Compile ahead: while the model trains, compile what the run will compile after it.
 
 A small run's wall time is mostly XLA compilation: the forward steps, every detector's fit
-and score, the metrics (the demo: ~155 compilations, ~30 s of CPU). None of them depends on
-the parameter values, only on shapes, and training leaves part of the machine idle (the demo's
-tiny ViT keeps ~1.6 of 2 cores busy, with one core it is only 20% slower).
+and score, the metrics (the demo: ~155 compilations, ~25 s of CPU with fi_jax.xla_flags, ~39 s
+without). None of them depends on the parameter values, only on shapes, and training leaves
+part of the machine idle (the demo's tiny ViT keeps ~1.6 of 2 cores busy, with one core it is
+only 20% slower).
 `CompileAhead.start` runs in a background thread, which first imports TensorFlow (the
 training's preprocessing needs it too) and, started with `hold`, then waits until the training
 step is traced (`start` returns the function that says so; `fi_jax.train` calls it): before

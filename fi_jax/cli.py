@@ -26,7 +26,7 @@ import ml_collections  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 import configs  # noqa: E402  (the bundled configs; `configs.common` is what config files import)
-from fi_jax import distributed, run, validate  # noqa: E402
+from fi_jax import distributed, run, validate, xla_flags  # noqa: E402
 
 _CONFIGS = os.path.dirname(os.path.abspath(configs.__file__))
 _DEMO = os.path.join(_CONFIGS, "demo.py")
@@ -120,6 +120,8 @@ def _define_flags(config: ml_collections.ConfigDict, argv: list[str]) -> None:
 def _main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)   # JAX's INFO lines (no TPU found, ...) are noise here
+  if flags.FLAGS.config.get("cpu_fast_compile", True):
+    xla_flags.fast_cpu_compile()   # before JAX starts its backend: XLA reads XLA_FLAGS once
   distributed.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
                          flags.FLAGS.process_id)
   warnings.simplefilter("once")   # a repeated warning (per batch, per detector) prints once

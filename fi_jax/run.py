@@ -510,6 +510,7 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
       "meta": {
           "config": to_dict(config), "workdir": os.path.abspath(workdir),
           "versions": report.versions(), "platform": platform.platform(),
+          "xla_flags": os.environ.get("XLA_FLAGS", ""),
           "devices": [str(d) for d in jax.devices()], "process_count": jax.process_count(),
           "set_sizes": {k: int(len(v["logits"])) for k, v in sets.items()},
           "ood_sets": [s[len("ood/"):] for s in specs if s.startswith("ood/")],

@@ -5,6 +5,9 @@ float64), so the tests do too. Models stay float32 because they cast explicitly.
 
 Shim: see tests/torchvision_shim.py; installed before any test imports torchvision (through
 timm or open_clip).
+
+XLA: the quick-compiling CPU pipeline the CLI uses on a CPU-only machine (fi_jax.xla_flags),
+set before JAX starts its backend; the subprocesses the tests start inherit it.
 """
 import os
 
@@ -15,6 +18,10 @@ os.environ.setdefault("NO_GCE_CHECK", "true")
 
 import jax  # noqa: E402
 import torchvision_shim  # noqa: E402  (tests/, on sys.path as the conftest's folder)
+
+from fi_jax import xla_flags  # noqa: E402
+
+xla_flags.fast_cpu_compile()
 
 jax.config.update("jax_enable_x64", True)
 torchvision_shim.install()

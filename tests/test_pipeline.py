@@ -45,6 +45,7 @@ def test_demo_writes_all_reports(quick_run):
   meta = results["meta"]
   assert meta["config"]["train"]["steps"] == 150 and "jax" in meta["versions"]
   assert set(meta["timings_s"]) >= {"extract", "detectors", "metrics", "total"}
+  assert "--xla_backend_optimization_level=1" in meta["xla_flags"]   # fi_jax.xla_flags on CPU
   with open(os.path.join(workdir, "results.csv")) as f:
     lines = f.read().splitlines()
   assert lines[0].startswith("model,detector,id_set,ood_set,") and len(lines) == 1 + len(results["rows"])
