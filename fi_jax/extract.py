@@ -89,11 +89,12 @@ class Forward:
     self.predict_fn, self.mesh = predict_fn, mesh
     self.input_scorers = dict(input_scorers or {})
     self.scorer_names = tuple(self.input_scorers)
-    unknown = sorted(set(optional) - set(self.scorer_names))
+    optional = set(optional)
+    unknown = sorted(optional - set(self.scorer_names))
     if unknown:
       raise ValueError(f"optional scorers {unknown} are not among the input scorers "
                        f"{list(self.scorer_names)}.")
-    self.optional = tuple(n for n in self.scorer_names if n in set(optional))
+    self.optional = tuple(n for n in self.scorer_names if n in optional)
     self.layers = layer_lib.check_reducers(layers)
     if self.layers and predict_out is None:
       raise ValueError("Forward(layers=...) needs predict_out(params, images) -> (logits, "
