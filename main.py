@@ -1,6 +1,6 @@
 """fi_jax entry point: `python main.py [--config=configs/x.py[:arg]] [--config.field=value] --workdir=DIR`.
 
-Without --config it runs the embedded demo (configs/demo.py). The logic is fi_jax/cli.py (also
+Without --config it runs the embedded demo (configs/demo.py). The logic is fi_jax/run/cli.py (also
 the `fi-jax` console script of `pip install .`). See README.md.
 """
 import os
@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this checkout's fi_jax, configs
 
-from fi_jax import cli  # noqa: E402
+from fi_jax.run import cli
 
 if __name__ == "__main__":
   cli.main()

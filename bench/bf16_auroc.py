@@ -16,7 +16,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fi_jax import pipeline, run  # noqa: E402
+from fi_jax import pipeline
+from fi_jax.run import benchmark as run
+from fi_jax.run import model as run_model
 
 
 def main(argv=None) -> None:
@@ -33,11 +35,11 @@ def main(argv=None) -> None:
   r32 = run.run(c32, args.workdir, log=quiet)
   c16 = mod.get_config()
   c16.model[args.dtype_field] = "bfloat16"
-  model = run.LazyModel(c16, quiet, args.workdir)
-  model.params_cache = run.LazyModel(c32, quiet, args.workdir).params_cache   # same weights
-  dets = run.build_detectors(c16)
-  sets = run.extract_sets(c16, model, args.workdir, quiet, dets)
-  head = run.cached_head(c32, model, args.workdir, quiet)
+  model = run_model.LazyModel(c16, quiet, args.workdir)
+  model.params_cache = run_model.LazyModel(c32, quiet, args.workdir).params_cache   # same weights
+  dets = run.config_detectors(c16)
+  sets = run.extract_cached(c16, model, args.workdir, quiet, dets)
+  head = run_model.cached_head(c32, model, args.workdir, quiet)
   scores, errors = pipeline.score_sets(dets, sets, head, keep_going=True)
   a16 = {(r["detector"], r["ood_set"]): r["auroc"] for r in pipeline.metric_rows(scores, sets)}
   print(f"{'detector':18s} {'ood set':14s} {'AUROC f32':>9s} {'bf16 - f32':>10s}")

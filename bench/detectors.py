@@ -44,7 +44,6 @@ from sklearn.preprocessing import StandardScaler  # noqa: E402
 from fi_jax import detectors  # noqa: E402
 from fi_jax.detectors import stats  # noqa: E402
 
-
 # what a detector may read here: Outputs and the head (no images, no layers)
 FEATURE_LOGIT = frozenset({"features", "logits", "labels", "head"})
 
@@ -340,7 +339,7 @@ def reference(name, hp, fit, test, head):
       out[sel] = (x[sel] * ma[k]) @ np.where(np.abs(contrib[k])[:, None] * w > tw[k], w, 0) + b
     return _lse(out)
   if name in ("weiper", "weiper_kld"):
-    from fi_jax.detectors import weiper as weiper_lib   # the same seeded draw of W~
+    from fi_jax.detectors import weiper as weiper_lib  # the same seeded draw of W~
     wt, bt = (x.astype(np.float64) for x in weiper_lib.perturbed_head(
         w, b, repeats=hp["repeats"], delta=hp["delta"], seed=hp["seed"]))
     msp = np.concatenate([_weiper_msp(ht[i:i + 512] @ wt + bt, hp["repeats"], c)

@@ -33,7 +33,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from fi_jax import distributed, extract, preprocess  # noqa: E402
+from fi_jax.common import distributed
+from fi_jax.data import preprocess
+from fi_jax.extract import forward as extract
 from fi_jax.models import resnet, vit  # noqa: E402
 
 # name -> (module, Model kwargs); `dtype` is added from --dtype (vit maps it to dtype_mm)

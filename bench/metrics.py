@@ -28,7 +28,7 @@ jax.config.update("jax_enable_x64", True)
 
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve  # noqa: E402
 
-from fi_jax import metrics  # noqa: E402
+from fi_jax.metrics import device as metrics
 
 KEYS = ("auroc", "fpr95", "fpr95_ood_positive", "fpr95_ninco", "aupr_in", "aupr_out",
         "detection_error")

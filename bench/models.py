@@ -51,13 +51,14 @@ def alternate(fns: dict[str, Callable[[], np.ndarray]], repeats: int) -> dict[st
 
 def vit_b16(args) -> list[dict]:
   """ViT-B/16 @224 classifier (timm vit_base_patch16_224 structure, 1000 classes)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
-  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+  import jax
+  import jax.numpy as jnp
+  import torch
+  from safetensors.torch import save_file
   torchvision_shim.install()
-  from timm.models import vision_transformer as tv  # pylint: disable=g-import-not-at-top
-  from fi_jax.models import vit  # pylint: disable=g-import-not-at-top
+  from timm.models import vision_transformer as tv
+
+  from fi_jax.models import vit
 
   torch.manual_seed(0)
   ref = tv.VisionTransformer(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12,
@@ -76,8 +77,8 @@ def vit_b16(args) -> list[dict]:
 def _forward_row(name: str, model, params, ref, x: np.ndarray, args) -> dict:
   """Times the jitted fi_jax forward against the torch reference on the same NHWC batch x
   (alternating, best of args.repeats) and records the largest logit difference."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top  (after the shim in main())
+  import jax
+  import torch  # after the shim in main()
   xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
   xj = jax.device_put(x)
   fwd = jax.jit(lambda p, im: model.apply({"params": p}, im)[0])
@@ -97,13 +98,14 @@ def _forward_row(name: str, model, params, ref, x: np.ndarray, args) -> dict:
 
 def clip_b16(args) -> list[dict]:
   """CLIP ViT-B/16 @224 image tower (open_clip ViT-B-16-quickgelu structure, OpenAI's)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
-  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+  import jax
+  import jax.numpy as jnp
+  import torch
+  from safetensors.torch import save_file
   torchvision_shim.install()
-  import open_clip  # pylint: disable=g-import-not-at-top
-  from fi_jax.models import clip  # pylint: disable=g-import-not-at-top
+  import open_clip
+
+  from fi_jax.models import clip
 
   torch.manual_seed(0)
   ref = open_clip.create_model("ViT-B-16-quickgelu", pretrained=None).eval()
@@ -135,9 +137,10 @@ def clip_b16(args) -> list[dict]:
 def _zoo_bench(args, name: str, label: str, make_ref, overrides=None) -> list[dict]:
   """A torchvision architecture with random weights (torchvision's init, BN statistics as
   initialised), saved with torch.save and read through fi_jax.models.zoo.from_pretrained."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
-  from fi_jax.models import zoo  # pylint: disable=g-import-not-at-top
+  import jax
+  import torch
+
+  from fi_jax.models import zoo
 
   torch.manual_seed(0)
   ref = make_ref().eval()
@@ -153,21 +156,21 @@ def _zoo_bench(args, name: str, label: str, make_ref, overrides=None) -> list[di
 
 def resnet50(args) -> list[dict]:
   """torchvision ResNet-50 (V1.5), 1000 classes."""
-  import torchvision  # pylint: disable=g-import-not-at-top  (after the shim in main())
+  import torchvision  # after the shim in main()
   return _zoo_bench(args, "torchvision/resnet50.IMAGENET1K_V1", "ResNet-50",
                     lambda: torchvision.models.resnet50())
 
 
 def convnext_t(args) -> list[dict]:
   """torchvision ConvNeXt-T, 1000 classes."""
-  import torchvision  # pylint: disable=g-import-not-at-top
+  import torchvision
   return _zoo_bench(args, "torchvision/convnext_tiny.IMAGENET1K_V1", "ConvNeXt-T",
                     lambda: torchvision.models.convnext_tiny())
 
 
 def swin_t(args) -> list[dict]:
   """torchvision Swin-T, 1000 classes."""
-  import torchvision  # pylint: disable=g-import-not-at-top
+  import torchvision
   return _zoo_bench(args, "torchvision/swin_t.IMAGENET1K_V1", "Swin-T",
                     lambda: torchvision.models.swin_t())
 
@@ -175,17 +178,18 @@ def swin_t(args) -> list[dict]:
 def resnet50_stages(args) -> list[dict]:
   """Where ResNet-50's forward time goes in fi_jax vs torch: stem and each stage alone
   (batch `args.batch`, 224 px), plus XLA's cost analysis (FLOPs) of the whole forward."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
-  import torchvision  # pylint: disable=g-import-not-at-top
-  from fi_jax.models import resnet  # pylint: disable=g-import-not-at-top
+  import jax
+  import torch
+  import torchvision
+
+  from fi_jax.models import resnet
 
   torch.manual_seed(0)
   ref = torchvision.models.resnet50().eval()
   with tempfile.TemporaryDirectory() as d:
     path = os.path.join(d, "weights.pth")
     torch.save(ref.state_dict(), path)
-    from fi_jax.models import zoo  # pylint: disable=g-import-not-at-top
+    from fi_jax.models import zoo
     model, params, _ = zoo.from_pretrained("torchvision/resnet50.IMAGENET1K_V1", path)
   x = np.random.default_rng(0).normal(0, 1, (args.batch, 224, 224, 3)).astype(np.float32)
   fwd = jax.jit(lambda p, im: model.apply({"params": p}, im)[0])
@@ -245,7 +249,7 @@ def main() -> None:
   parser.add_argument("--threads", type=int, default=2)
   parser.add_argument("--only", default="", help="comma-separated benchmark function names")
   args = parser.parse_args()
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch
   torch.set_num_threads(args.threads)
   torchvision_shim.install()
   # XLA:CPU sizes its thread pool from the visible cores; pin both sides to the same count.

@@ -3,7 +3,7 @@
     .venv/bin/python bench/multihost_memory.py                  # 5 sets x 1797 rows x 131k floats
     .venv/bin/python bench/multihost_memory.py --width 32768 --ood_sets 1   # smaller
 
-Runs `fi_jax.run.extract_sets` (the benchmark's extraction stage: the lazily built model, the
+Runs `fi_jax.run.extract_cached` (the benchmark's extraction stage: the lazily built model, the
 jitted sharded forward, the data pipeline, per-process cache entries and shards) on sets of
 sklearn's bundled digits (1797 images each, no download) through a random-weight model whose
 features are `--width` floats wide, so that the extracted arrays dominate the memory:
@@ -38,7 +38,10 @@ import jax  # noqa: E402
 import ml_collections  # noqa: E402
 
 from configs import common  # noqa: E402
-from fi_jax import data, distributed, run  # noqa: E402
+from fi_jax.common import distributed
+from fi_jax.data import loader as data
+from fi_jax.run import benchmark as run
+from fi_jax.run import model as run_model
 
 
 def _status(key: str) -> int:
@@ -78,11 +81,11 @@ def worker(args) -> None:
   c.id_test = ml_collections.ConfigDict(digits)
   c.ood = ml_collections.ConfigDict({f"all_{i}": dict(digits) for i in range(args.ood_sets)})
   run.use_compilation_cache("")
-  data._tf()   # pylint: disable=protected-access  (TF, which reads the sets, is in the baseline)
+  data._tf()  # TF, which reads the sets, is in the baseline
   before = _status("VmRSS")
   reset = _reset_peak()
   t = time.time()
-  sets = run.extract_sets(c, run.LazyModel(c, lambda s: None, args.workdir), args.workdir,
+  sets = run.extract_cached(c, run_model.LazyModel(c, lambda s: None, args.workdir), args.workdir,
                           lambda s: None, {})
   seconds = time.time() - t
   peak = _status("VmHWM")

@@ -4,7 +4,7 @@
 
 Needs: the OpenCLIP state dict of the checkpoint `name` (open_clip_model.safetensors, or
 open_clip_pytorch_model.bin read with torch.load(weights_only=True)); where to download each is
-in fi_jax.models.releases.CLIP_CHECKPOINTS. The BPE vocabulary defaults to the copy inside an installed
+in fi_jax.models._releases.CLIP_CHECKPOINTS. The BPE vocabulary defaults to the copy inside an installed
 open_clip (`vocab=` points elsewhere). Datasets as for configs/vit.py. Features are the
 normalised image embeddings; the head is the zero-shot head of OpenAI's 80 prompts.
 
@@ -16,8 +16,8 @@ IMAGENET_ARGS). The report's model label is the variant plus the checkpoint file
 import ml_collections
 
 from configs import common
-from fi_jax import preprocess
-from fi_jax.models import releases
+from fi_jax.data import preprocess
+from fi_jax.models import _releases as releases
 
 
 def get_config(arg=None):

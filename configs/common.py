@@ -20,7 +20,7 @@ def posthoc_detectors(odin: bool = False, model_name: str | None = None,
   detectors (mdsens, gram: every set, the fit set included, is then extracted with per-block
   columns of up to ~400 KB per image; docs/detectors.md#layer-scores) only on request."""
   def wanted(cls) -> bool:
-    families = getattr(cls, "model_families", None)
+    families = cls.model_families
     return ((odin or "inputs" not in cls.needs) and (layers or "layers" not in cls.needs)
             and (families is None or model_name is None or model_name in families))
   return tuple(n for n in detectors.names() if wanted(detectors.REGISTRY[n]))
@@ -95,9 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.cache_shard_size = 4096       # examples per shard of an extraction (a killed run resumes there)
   c.compilation_cache_dir = "~/.cache/fi_jax/jax_cache"   # JAX's persistent compilation
   #                                 cache ('' = off): a rerun compiles nothing
-  c.compile_ahead = True          # while a model trains, compile the rest of the run (fi_jax.ahead)
+  c.compile_ahead = True          # while a model trains, compile the rest of the run (fi_jax.run.compile_ahead)
   c.cpu_fast_compile = True       # CPU-only processes: XLA's quick-compiling CPU pipeline
-  #                                 (fi_jax.xla_flags; about a third less compile time)
+  #                                 (fi_jax.run.xla_flags; about a third less compile time)
   c.nonfinite = "error"           # non-finite features/logits: 'error' | 'drop' (rows, counted)
   return c
 
@@ -167,7 +167,7 @@ def zoo_benchmark(source: str, arg: ml_collections.ConfigDict) -> ml_collections
   """configs/torchvision.py and configs/timm.py: the published checkpoint `name` (a model
   name, optionally with its weights tag) of `source` through `fi_jax.models.zoo` - its model
   family, Model kwargs, input size and eval preprocessing - on the ImageNet benchmark."""
-  from fi_jax.models import zoo  # pylint: disable=g-import-not-at-top  (imports every family)
+  from fi_jax.models import zoo  # imports every family
   info = zoo.resolve(f"{source}/{arg.name}")
   c = base_config()
   c.model_name = info["family"]

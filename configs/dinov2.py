@@ -17,8 +17,8 @@ the variant plus the backbone file's name.
 import ml_collections
 
 from configs import common
-from fi_jax import preprocess
-from fi_jax.models import releases
+from fi_jax.data import preprocess
+from fi_jax.models import _releases as releases
 
 
 def get_config(arg=None):

@@ -11,7 +11,7 @@
   dir/<ood set>.npz   one per OOD set (all other entries, or those listed in `ood=a+b`)
   dir/head.npz        optional: the classifier's w [D, C] and b [C] (ViM, ReAct, ... need it)
 
-No model is built and nothing is extracted; see fi_jax/features.py for the accepted layouts.
+No model is built and nothing is extracted; see fi_jax/extract/own_features.py for the accepted layouts.
 """
 import os
 

@@ -17,7 +17,7 @@ IMAGENET_ARGS). The report's model label is the release name (or the `ckpt` file
 import ml_collections
 
 from configs import common
-from fi_jax.models import releases
+from fi_jax.models import _releases as releases
 
 
 def get_config(arg=None):

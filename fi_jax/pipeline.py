@@ -5,8 +5,8 @@ by `fi_jax.evaluators.ood` (big_vision's evaluator API, on the model being train
 talk through plain arrays; a set's arrays are {features, logits, label, group, score/<name>,
 stat/<name>} as `fi_jax.extract.extract` returns them (stat/: AdaSCALE's per-image statistic).
 Set names are "id_fit" (what detectors fit on), "id_test" and "ood/<name>". With layer
-detectors (fi_jax/detectors/layer.py) every set also has `layer/<reducer>/<block>` columns
-(fi_jax/layers.py), which reach those detectors as `Outputs.extras`.
+detectors (fi_jax/detectors/intermediate.py) every set also has `layer/<reducer>/<block>` columns
+(fi_jax/extract/layer_columns.py), which reach those detectors as `Outputs.extras`.
 """
 from __future__ import annotations
 
@@ -19,8 +19,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax import cache, data, detectors, distributed, extract, metrics, progress
-from fi_jax import layers as layer_lib
+from fi_jax import detectors
+from fi_jax.common import columns as columns_lib
+from fi_jax.common import distributed, progress
+from fi_jax.data import loader as data
+from fi_jax.extract import cache
+from fi_jax.extract import forward as extract
+from fi_jax.extract import layer_columns as layer_lib
+from fi_jax.metrics import device as metrics
+from fi_jax.models import _predictor
 
 Log = Callable[[str], None]
 Arrays = dict[str, np.ndarray]
@@ -39,37 +46,23 @@ def _no_log(msg: str) -> None:
   del msg
 
 
-def set_specs(id_fit: Mapping, id_test: Mapping, ood: Mapping[str, Mapping]) -> dict[str, dict]:
-  """{set name: spec} for the ID fit set, the ID test set and every OOD set."""
-  return {"id_fit": dict(id_fit), "id_test": dict(id_test),
-          **{f"ood/{name}": dict(spec) for name, spec in ood.items()}}
-
-
-def build_detectors(names: Sequence[str], preset: Optional[str] = None,
-                    hparams: Optional[Mapping[str, dict]] = None) -> dict[str, Any]:
-  """{name: detector}; fails fast on unknown names or hyperparameters."""
-  hparams = dict(hparams or {})
-  return {name: detectors.build(name, preset=preset or None, **hparams.get(name, {}))
-          for name in names}
-
-
 def input_scorer_names(dets: Mapping[str, Any], set_name: str) -> list[str]:
   """The detectors that score the images themselves during extraction (ODIN, AdaSCALE); on the
   fit set only those that fit on what they compute from the images (`fit_inputs`: AdaSCALE)."""
   return [name for name, det in dets.items() if "inputs" in det.needs
-          and (set_name != "id_fit" or getattr(det, "fit_inputs", False))]
+          and (set_name != "id_fit" or det.fit_inputs)]
 
 
 def layer_reducers(dets: Mapping[str, Any]) -> tuple[str, ...]:
   """The union of the layer reducers the layer detectors need (sorted; () without any)."""
   return layer_lib.check_reducers([r for det in dets.values() if "layers" in det.needs
-                                   for r in getattr(det, "layer_reducers", ())])
+                                   for r in det.layer_reducers])
 
 
 def column_names(scorer_names: Sequence[str], reducers: Sequence[str]) -> list[str]:
   """What besides features / logits a set's arrays hold: the input scorer names and
   "layer/<reducer>" per reducer (what the cache key of a set is made of)."""
-  return list(scorer_names) + [f"{layer_lib.PREFIX}/{r}" for r in reducers]
+  return list(scorer_names) + [columns_lib.layer_group(r) for r in reducers]
 
 
 def set_columns(dets: Mapping[str, Any], set_name: str) -> list[str]:
@@ -88,7 +81,7 @@ def input_scorers(dets: Mapping[str, Any], names: Sequence[str], predict: extrac
   input_std = tuple(input_std)
 
   def scorer(det):
-    full = getattr(det, "fit_inputs", False)
+    full = det.fit_inputs
     return lambda p, images: det.score_inputs(
         {}, (lambda x: predict(p, x)) if full else (lambda x: predict(p, x)[0]), images,
         input_std=input_std)
@@ -117,7 +110,7 @@ def plan_forwards(names: Sequence[str], dets: Mapping[str, Any], predict: extrac
   from `forwards` or created there (so that callers sharing the dict share the compiled
   step)."""
   reducers = layer_reducers(dets)
-  predict_out = layer_lib.out_variant(predict) if reducers else None
+  predict_out = _predictor.out_variant(predict) if reducers else None
   if reducers and predict_out is None and names:
     log("the predict function has no variant that returns the model's out: no layer "
         "columns; the layer detectors (" + ", ".join(
@@ -346,7 +339,7 @@ def check_finite_scores(name: str, per_set: Mapping[str, np.ndarray]) -> None:
 
 def _with_stat(out: detectors.Outputs, arrays: Arrays, name: str) -> detectors.Outputs:
   """The set's features with detector `name`'s extraction-time statistic as extras["stat"]."""
-  return detectors.Outputs(out.features, None, None, {"stat": jnp.asarray(arrays[f"stat/{name}"])})
+  return detectors.Outputs(out.features, None, None, {"stat": jnp.asarray(arrays[columns_lib.scorer_column(columns_lib.STAT, name)])})
 
 
 def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detectors.Head, *,
@@ -364,7 +357,7 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
   the run. `nonfinite` ("error" | "drop") is passed to `Detector.fit`: what a fit row with a
   NaN or inf does. With `stop` (a threading.Event), it returns early once `stop` is set (the
   detector in progress finishes); with `take`, a detector runs only if `take(name)` (called
-  just before it) is true (fi_jax.ahead shares the detectors between two threads this way).
+  just before it) is true (fi_jax.run.compile_ahead shares the detectors between two threads this way).
   `on_scores(detector, {set name: scores})` is called with
   each detector's finite scores as soon as they exist (e.g. report.HistWriter.submit).
   """
@@ -384,12 +377,12 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
         continue
       t = time.time()
       try:
-        if getattr(det, "fit_inputs", False):   # fits on / scores its extraction-time stats
+        if det.fit_inputs:   # fits on / scores its extraction-time stats
           state = det.fit(_with_stat(fit, sets["id_fit"], name), head, nonfinite=nonfinite)
           per_set = {s: np.asarray(det.score(state, _with_stat(out, sets[s], name)))
                      for s, out in test_sets.items()}
         elif "inputs" in det.needs:   # scored during extraction
-          per_set = {s: np.asarray(sets[s][f"score/{name}"]) for s in test_sets}
+          per_set = {s: np.asarray(sets[s][columns_lib.scorer_column(columns_lib.SCORE, name)]) for s in test_sets}
         elif "layers" in det.needs:   # reads the sets' layer/... columns
           state = det.fit(fit_layers, head, nonfinite=nonfinite)
           per_set = {s: np.asarray(det.score(state, out)) for s, out in test_layers.items()}
@@ -401,7 +394,7 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
         if on_scores is not None:
           on_scores(name, per_set)
         log(f"  {name}: {time.time() - t:.2f} s")
-      except Exception as e:  # pylint: disable=broad-except  (one detector must not sink the run)
+      except Exception as e:  # one detector must not sink the run
         if not keep_going:
           raise
         errors[name] = f"{type(e).__name__}: {e}"

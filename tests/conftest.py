@@ -6,7 +6,7 @@ float64), so the tests do too. Models stay float32 because they cast explicitly.
 Shim: see tests/torchvision_shim.py; installed before any test imports torchvision (through
 timm or open_clip).
 
-XLA: the quick-compiling CPU pipeline the CLI uses on a CPU-only machine (fi_jax.xla_flags),
+XLA: the quick-compiling CPU pipeline the CLI uses on a CPU-only machine (fi_jax.run.xla_flags),
 set before JAX starts its backend; the subprocesses the tests start inherit it.
 """
 import os
@@ -19,7 +19,7 @@ os.environ.setdefault("NO_GCE_CHECK", "true")
 import jax  # noqa: E402
 import torchvision_shim  # noqa: E402  (tests/, on sys.path as the conftest's folder)
 
-from fi_jax import xla_flags  # noqa: E402
+from fi_jax.run import xla_flags
 
 xla_flags.fast_cpu_compile()
 

@@ -9,11 +9,15 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from fi_jax import data, pipeline, run as fi_run
+from fi_jax.data import loader as data
 from fi_jax.evaluators import ood
-from fi_jax.models import two_towers, vit, zero_shot
+from fi_jax.models import two_towers, vit
+from fi_jax.models import zero_shot_head as zero_shot
+from fi_jax.run import benchmark as fi_run
+
 sys.path.insert(0, "configs")
 import demo  # noqa: E402  (configs/demo.py)
 
@@ -178,7 +182,7 @@ def main():
   with mesh, jax.transfer_guard("disallow"):
     got = [dict(ev_t.run({"params": shard_tree(tparams, mesh)})) for _ in range(2)]
   out["eval_two_tower"] = got[-1]
-  # main.py's zero-shot head (fi_jax.models.zero_shot) and logits on the same sets
+  # main.py's zero-shot head (fi_jax.models.zero_shot_head) and logits on the same sets
   embed = zero_shot.text_embedder(tt, tparams, tok, batch_size=8, pad="batch")
   w, b = zero_shot.head_arrays(embed, names, temps, scale=float(np.exp(tparams["t"][0])),
                                bias=float(tparams["b"][0]))
@@ -186,7 +190,7 @@ def main():
                                             id_classes=spec.get("id_classes"))
   z = lambda a: np.asarray(jax.jit(lambda x: tt.apply({"params": tparams}, x)[0])(
       a["image"] / 8 - 1))
-  from sklearn.metrics import roc_auc_score  # pylint: disable=g-import-not-at-top
+  from sklearn.metrics import roc_auc_score
   s = lambda a: np.asarray(jax.nn.softmax(z(a) @ w + b).max(-1))
   sid, sood = s(img(sets_kw()["data"])), s(img(sets_kw()["ood"]["digits_6-9"]))
   out["two_tower_ref_auroc"] = roc_auc_score(np.r_[np.ones(len(sid)), np.zeros(len(sood))],

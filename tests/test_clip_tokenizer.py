@@ -3,9 +3,10 @@ import gzip
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from fi_jax.models import clip_tokenizer
+from fi_jax.models.text import clip_tokenizer
 
 open_clip_tokenizer = pytest.importorskip("open_clip.tokenizer")
 

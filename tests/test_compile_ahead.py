@@ -1,4 +1,4 @@
-"""Compile ahead (fi_jax/ahead.py): while the demo model trains, the forwards, detectors and
+"""Compile ahead (fi_jax/run/compile_ahead.py): while the demo model trains, the forwards, detectors and
 metrics compile for the sets' shapes, so that nothing compiles after training, and the
 results are bit-identical to a run without it. Also the HistWriter (histograms drawn while the
 next detectors run)."""
@@ -16,7 +16,11 @@ import numpy as np
 import pytest
 
 from configs import demo
-from fi_jax import ahead, pipeline, report, run, train
+from fi_jax import detectors, pipeline, report
+from fi_jax.run import benchmark as run
+from fi_jax.run import compile_ahead as ahead
+from fi_jax.run import model as run_model
+from fi_jax.run import train
 
 DETECTORS = ("msp", "energy", "odin", "mds", "knn", "react", "mdsens", "gram", "adascale_a")
 
@@ -67,7 +71,7 @@ def test_nothing_compiles_after_training_and_results_are_bit_identical(tmp_path,
 
   # the same trained parameters (copied, so that this run does not train) without it
   c = _config(False)
-  params = os.path.join("cache", run.model_key(c), "params")
+  params = os.path.join("cache", run_model.model_key(c), "params")
   shutil.copytree(os.path.join(ahead_dir, params), os.path.join(plain_dir, params))
   plain = run.run(c, plain_dir, log=lambda s: None)
   assert "trained_params_from_cache" in plain["meta"]
@@ -218,7 +222,7 @@ def test_score_sets_stop_and_on_scores():
               "logits": rng.normal(size=(n, 3)).astype(np.float32),
               "label": np.arange(n) % 3} for s, n in [("id_fit", 30), ("id_test", 9),
                                                        ("ood/x", 7)]}
-  dets = pipeline.build_detectors(["msp", "energy"])
+  dets = detectors.build_suite(["msp", "energy"])
   got = []
   scores, errors = pipeline.score_sets(dets, sets, None, on_scores=lambda n, s: got.append(n))
   assert got == ["msp", "energy"] and not errors
@@ -246,7 +250,7 @@ def test_hist_writer_draws_what_write_plots_draws_and_reports_failures(tmp_path,
 
   def broken(*args, **kwargs):
     raise OSError("disk full")
-  monkeypatch.setattr(report, "write_hist", broken)
+  monkeypatch.setattr(report.plots, "write_hist", broken)
   writer = report.HistWriter(str(tmp_path / "c"), ["x"])
   writer.submit("msp", scores["msp"])
   with pytest.raises(OSError, match="disk full"):

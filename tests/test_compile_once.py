@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from configs import demo
-from fi_jax import pipeline, run
+from fi_jax import detectors, pipeline
+from fi_jax.run import benchmark as run
+from fi_jax.run import model as run_model
 
 DETECTORS = ("msp", "energy", "odin", "mds", "knn", "react", "mdsens", "gram")
 
@@ -46,7 +48,7 @@ def _config(**model):
 def f32_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("f32"))
   c = _config()
-  run.LazyModel(c, print, workdir).get()   # train first: only the run is counted below
+  run_model.LazyModel(c, print, workdir).get()   # train first: only the run is counted below
   # another test in this process (the same demo shapes) may have compiled the detectors'
   # scores already: jit's in-memory cache would then hide them from the count
   jax.clear_caches()
@@ -68,13 +70,13 @@ def test_demo_compiles_forward_once_and_each_score_once(f32_run):
 def test_bf16_compute_gives_float32_outputs_and_close_aurocs(f32_run):
   c32, workdir, results, _ = f32_run
   c16 = _config(dtype_mm="bfloat16")
-  model = run.LazyModel(c16, print, workdir)
-  model.params_cache = run.LazyModel(c32, print, workdir).params_cache   # the same weights
-  dets = run.build_detectors(c16)
-  sets = run.extract_sets(c16, model, workdir, lambda s: None, dets)
+  model = run_model.LazyModel(c16, print, workdir)
+  model.params_cache = run_model.LazyModel(c32, print, workdir).params_cache   # the same weights
+  dets = run.config_detectors(c16)
+  sets = run.extract_cached(c16, model, workdir, lambda s: None, dets)
   for arrays in sets.values():
     assert arrays["features"].dtype == np.float32 and arrays["logits"].dtype == np.float32
-  head = run.cached_head(c32, model, workdir)
+  head = run_model.cached_head(c32, model, workdir)
   scores, errors = pipeline.score_sets(dets, sets, head)
   assert not errors
   auroc16 = {r["detector"]: r["auroc"] for r in pipeline.metric_rows(scores, sets)}
@@ -89,8 +91,8 @@ def test_bf16_compute_gives_float32_outputs_and_close_aurocs(f32_run):
 def test_block_scoring_matches_one_call(name, monkeypatch):
   """Scores in blocks (the last one padded) equal one call on the whole set, up to float
   rounding (XLA vectorises differently for other shapes); rows never interact."""
-  from fi_jax import detectors   # pylint: disable=g-import-not-at-top
-  from fi_jax.detectors import core  # pylint: disable=g-import-not-at-top
+  from fi_jax import detectors
+  from fi_jax.detectors import core
   rng = np.random.default_rng(0)
   d, c = 16, 5
   w, b = rng.normal(size=(d, c)).astype(np.float32), rng.normal(size=c).astype(np.float32)
@@ -114,7 +116,7 @@ def test_block_scoring_matches_one_call(name, monkeypatch):
 
 def _linear_model_and_batches():
   """(predict_fn, params, three batches of 8 images 2x2x3, batch i filled with i)."""
-  import jax.numpy as jnp   # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp
   predict = lambda p, x: (x.reshape(len(x), -1) @ p["w"], x.reshape(len(x), -1))
   params = {"w": jnp.asarray(np.random.default_rng(0).standard_normal((12, 3)), jnp.float32)}
   batches = [{"image": np.full((8, 2, 2, 3), i, np.float32), "label": np.zeros(8, np.int64),
@@ -128,8 +130,11 @@ def test_a_later_forward_compiles_in_the_background_once():
   the first set runs; the other Forward's own first step reuses it (one compile in all) and
   its rows are those of a Forward that was never warmed."""
   import threading
+
   import jax.numpy as jnp
-  from fi_jax import distributed, extract
+
+  from fi_jax.common import distributed
+  from fi_jax.extract import forward as extract
   threads: collections.Counter = collections.Counter()
 
   def listener(event, duration, **kw):
@@ -160,7 +165,9 @@ def test_a_skipped_scorer_runs_nothing_and_leaves_no_column():
   Forward without scorers; with the scorer named, its column is there. A scorer that is not
   optional always runs (its column is dropped when not named). One compile for both calls."""
   import jax.numpy as jnp
-  from fi_jax import distributed, extract
+
+  from fi_jax.common import distributed
+  from fi_jax.extract import forward as extract
   calls = []
 
   def scorer(p, x):
@@ -195,7 +202,7 @@ def test_a_run_of_small_sets_scores_in_smaller_blocks(monkeypatch):
   """score_sets pads every scored set to the power of two above the largest one (here 512, not
   SCORE_BLOCK = 4096), with one compiled score for both sets, and the same scores as one call on
   the whole set; with a set above SCORE_BLOCK the blocks are SCORE_BLOCK rows again."""
-  from fi_jax.detectors import core   # pylint: disable=g-import-not-at-top
+  from fi_jax.detectors import core
   rng = np.random.default_rng(0)
   d, c = 16, 5
   w = rng.normal(size=(d, c)).astype(np.float32)
@@ -206,7 +213,7 @@ def test_a_run_of_small_sets_scores_in_smaller_blocks(monkeypatch):
     h = np.abs(rng.normal(size=(n, d))).astype(np.float32)
     return {"features": h, "logits": h @ w + b, "label": rng.integers(0, c, n)}
   sets = {"id_fit": arrays(400), "id_test": arrays(300), "ood/x": arrays(200)}
-  dets = pipeline.build_detectors(["energy", "mds", "knn"])
+  dets = detectors.build_suite(["energy", "mds", "knn"])
   sizes = []
   real = core.score_blocks
   monkeypatch.setattr(core, "score_blocks",

@@ -3,7 +3,10 @@ import importlib
 
 import pytest
 
-from fi_jax import detectors, preprocess, run
+from fi_jax import detectors
+from fi_jax.data import preprocess
+from fi_jax.run import benchmark as run
+from fi_jax.run import model as run_model
 
 CONFIGS = ["demo", "vit", "siglip2", "clip", "dinov2", "torchvision", "timm"]
 
@@ -11,11 +14,11 @@ CONFIGS = ["demo", "vit", "siglip2", "clip", "dinov2", "torchvision", "timm"]
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_is_complete(name):
   c = importlib.import_module(f"configs.{name}").get_config()
-  run.model_module(c.model_name)                 # the model family exists
+  run_model.model_module(c.model_name)                 # the model family exists
   preprocess.get_preprocess_fn(c.pp)             # the pp string parses
-  run.build_detectors(c)                         # every detector and hparam is valid
+  run.config_detectors(c)                         # every detector and hparam is valid
   assert set(c.detectors) <= set(detectors.names())
-  assert {"id_fit", "id_test"} <= set(run.set_specs(c)) and c.ood
+  assert {"id_fit", "id_test"} <= set(run.config_specs(c)) and c.ood
 
 
 def test_config_args_and_errors():
@@ -51,7 +54,7 @@ def test_architecture_args_reach_the_model():
   c = vit.get_config(f"{arch},res=96")
   assert {k: c.model[k] for k in want} == want and tuple(c.model.patch_size) == (8, 8)
   assert tuple(c.init_shape) == (1, 96, 96, 3) and "resize(96)" in c.pp
-  run.model_module(c.model_name).Model(**c.model.to_dict())   # the kwargs are the Model's
+  run_model.model_module(c.model_name).Model(**c.model.to_dict())   # the kwargs are the Model's
   c = siglip2.get_config(f"{arch},res=128")
   assert {k: c.model.image[k] for k in want} == want and c.model.image.variant == "B/16"
   assert tuple(c.init_shape) == (1, 128, 128, 3) and "resize(128)" in c.pp
@@ -79,19 +82,19 @@ def test_labels_and_meta_come_from_the_checkpoint_loaded(tmp_path):
   path = tmp_path / "B_16-i21k-300ep-res_224.npz"
   path.write_bytes(b"x" * 3000)
   c = vit.get_config(f"ckpt={path}")
-  assert run.model_label(c) == "vit-B/16 (B_16-i21k-300ep-res_224)"
-  (m,) = run.checkpoint_meta(c)
+  assert run_model.model_label(c) == "vit-B/16 (B_16-i21k-300ep-res_224)"
+  (m,) = run_model.checkpoint_meta(c)
   assert (m["path"], m["bytes"]) == (str(path), 3000)
   assert m["sha256_first_mib"] == hashlib.sha256(b"x" * 3000).hexdigest() and m["mtime"]
   c.model_label = "mine"
-  assert run.model_label(c) == "mine"                      # an explicit label wins
-  assert run.model_label(vit.get_config("random_init=True")) == "vit-B/16 (random init)"
-  assert run.model_label(siglip2.get_config("release=siglip2_b16_224")) == "siglip2_b16_224"
+  assert run_model.model_label(c) == "mine"                      # an explicit label wins
+  assert run_model.model_label(vit.get_config("random_init=True")) == "vit-B/16 (random init)"
+  assert run_model.model_label(siglip2.get_config("release=siglip2_b16_224")) == "siglip2_b16_224"
   hub = tmp_path / "vit_base_patch16_clip_224.openai"
   hub.mkdir()
   c = clip.get_config(f"ckpt={hub / 'open_clip_model.safetensors'}")
-  assert run.model_label(c) == "clip-B/16 (vit_base_patch16_clip_224.openai/open_clip_model)"
+  assert run_model.model_label(c) == "clip-B/16 (vit_base_patch16_clip_224.openai/open_clip_model)"
   c = dinov2.get_config("ckpt=/x/dinov2_vitb14_reg4_pretrain.pth,head=/x/h.pth")
-  assert run.model_label(c) == "dinov2-B/14 (dinov2_vitb14_reg4_pretrain)"
-  assert run.checkpoint_meta(c) == [{"path": "/x/dinov2_vitb14_reg4_pretrain.pth", "exists": False},
+  assert run_model.model_label(c) == "dinov2-B/14 (dinov2_vitb14_reg4_pretrain)"
+  assert run_model.checkpoint_meta(c) == [{"path": "/x/dinov2_vitb14_reg4_pretrain.pth", "exists": False},
                                     {"path": "/x/h.pth", "exists": False}]

@@ -7,7 +7,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from fi_jax import data, preprocess
+from fi_jax.data import loader as data
+from fi_jax.data import preprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -118,7 +119,7 @@ def test_tf_imported_without_its_eager_keras_and_tf_keras_still_works():
   # a fresh interpreter: TF's import there is the first one
   code = textwrap.dedent("""
       import sys
-      from fi_jax import preprocess
+      from fi_jax.data import preprocess
       tf = preprocess.tf_module()
       print("keras" in sys.modules, "sklearn" in sys.modules, preprocess._EAGER_KERAS in sys.modules)
       ds = tf.data.Dataset.from_tensor_slices({"image": [[[[16.0]]]]})

@@ -9,10 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special
+from test_detectors import assert_scores, f64
 
 from fi_jax import detectors, pipeline
-
-from test_detectors import assert_scores, f64
 
 RTOL = 1e-6
 HW, CH, P, D, C = 8, 3, 8 * 8 * 3, 200, 10
@@ -103,7 +102,7 @@ def test_equals_reference(name):
 
 def test_pipeline_extracts_fit_stats_and_scores():
   predict, params = make_mlp()
-  dets = pipeline.build_detectors(["adascale_a", "odin", "msp"])
+  dets = detectors.build_suite(["adascale_a", "odin", "msp"])
   assert pipeline.input_scorer_names(dets, "id_fit") == ["adascale_a"]
   assert pipeline.input_scorer_names(dets, "id_test") == ["adascale_a", "odin"]
   scorers = pipeline.input_scorers(dets, ["adascale_a", "odin"], predict, (0.229, 0.224, 0.225))

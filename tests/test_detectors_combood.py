@@ -8,10 +8,10 @@ import pytest
 import scipy.spatial.distance as spd
 from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import StandardScaler
+from test_detectors import C, assert_scores, f64, fit_score, make_data
 
 from fi_jax import detectors
 from fi_jax.detectors import knn as knn_lib
-from test_detectors import C, assert_scores, f64, fit_score, make_data
 
 RTOL = 1e-6
 

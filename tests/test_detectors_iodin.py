@@ -7,10 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_detectors import assert_scores
 
 from fi_jax import detectors
-
-from test_detectors import assert_scores
 
 torch = pytest.importorskip("torch")
 

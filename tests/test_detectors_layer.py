@@ -1,4 +1,4 @@
-"""Layer detectors (mdsens, gram) and the layer extraction they read (fi_jax/layers.py):
+"""Layer detectors (mdsens, gram) and the layer extraction they read (fi_jax/extract/layer_columns.py):
 equality with numpy/scipy references written from the papers / official code, a case where
 they beat MSP, reducers on real model outputs, the extraction step, the cache and the
 evaluator."""
@@ -14,10 +14,16 @@ import scipy.linalg
 from sklearn.metrics import roc_auc_score
 
 from configs import demo
-from fi_jax import cache, detectors, distributed, extract, layers, pipeline, run
+from fi_jax import detectors, pipeline
+from fi_jax.common import distributed
 from fi_jax.detectors import Outputs, core, stats
 from fi_jax.evaluators import ood
-from fi_jax.models import resnet, vit
+from fi_jax.extract import cache
+from fi_jax.extract import forward as extract
+from fi_jax.extract import layer_columns as layers
+from fi_jax.models import _predictor, resnet, vit
+from fi_jax.run import benchmark as run
+from fi_jax.run import model as run_model
 
 PP = "value_range(-1, 1, 0, 16)"
 
@@ -192,7 +198,7 @@ def test_shared_scope_gives_identical_scores_and_shares_class_moments(monkeypatc
     det = detectors.build(n, preset=p)
     alone[n, p] = np.asarray(det.score(det.fit(fit), test))
   calls = []
-  real = stats._moments   # pylint: disable=protected-access
+  real = stats._moments
   monkeypatch.setattr(stats, "_moments", lambda *a, **kw: calls.append(1) or real(*a, **kw))
   dets = {r: detectors.build(r[0], preset=r[1]) for r in runs}
   with detectors.shared(dets.values()):
@@ -366,16 +372,16 @@ def _tiny_vit():
 
 def test_forward_with_layers_keeps_features_logits_and_adds_the_columns():
   model, params = _tiny_vit()
-  predict, _ = run.default_predictor(model, params, None)
+  predict, _ = run_model.default_predictor(model, params, None)
   rng = np.random.default_rng(0)
   batch = {"image": rng.normal(size=(8, 8, 8, 1)).astype(np.float32),
            "label": np.arange(8) % 3, "group": -np.ones(8, np.int64), "_id": np.arange(8),
            "_mask": np.arange(8) < 6}
   mesh = distributed.data_mesh()
   plain = extract.Forward(predict, mesh).extract(params, [batch])
-  reducers = pipeline.layer_reducers(pipeline.build_detectors(["msp", "gram", "mdsens"]))
+  reducers = pipeline.layer_reducers(detectors.build_suite(["msp", "gram", "mdsens"]))
   assert reducers == ("gram", "mean") and pipeline.layer_reducers({}) == ()
-  fwd = extract.Forward(predict, mesh, layers=reducers, predict_out=layers.out_variant(predict))
+  fwd = extract.Forward(predict, mesh, layers=reducers, predict_out=_predictor.out_variant(predict))
   got = fwd.extract(params, [batch])
   for k, v in plain.items():
     np.testing.assert_array_equal(got[k], v)
@@ -418,10 +424,10 @@ def test_demo_runs_the_layer_detectors_and_caches_their_columns(demo_run):
   rows = {r["detector"]: r for r in results["rows"]}
   assert set(rows) == {"msp", "mdsens", "gram"}
   assert all(0.0 <= rows[d]["auroc"] <= 1.0 for d in rows)
-  model = run.LazyModel(c, print, workdir)
-  dets = run.build_detectors(c)
-  sets = run.extract_sets(c, model, workdir, lambda s: None, dets)   # all from the cache
-  assert model._built is None   # pylint: disable=protected-access  (no model was needed)
+  model = run_model.LazyModel(c, print, workdir)
+  dets = run.config_detectors(c)
+  sets = run.extract_cached(c, model, workdir, lambda s: None, dets)   # all from the cache
+  assert model._built is None  # no model was needed
   cols = [k for k in sets["id_fit"] if layers.is_column(k)]
   assert sorted(cols) == sorted(layers.column(r, b) for r in ("gram", "mean")
                                 for b in ("block00", "block01"))
@@ -429,11 +435,11 @@ def test_demo_runs_the_layer_detectors_and_caches_their_columns(demo_run):
   # without layer detectors the sets are cached under their old key (no layer columns)
   c2 = demo.get_config("quick")
   c2.detectors = ("msp",)
-  plain = run.extract_sets(c2, model, workdir, lambda s: None, run.build_detectors(c2))
+  plain = run.extract_cached(c2, model, workdir, lambda s: None, run.config_detectors(c2))
   assert not any(layers.is_column(k) for k in plain["id_fit"])
   np.testing.assert_array_equal(plain["id_test"]["logits"], sets["id_test"]["logits"])
   entries = os.listdir(os.path.dirname(cache.set_dir(os.path.join(workdir, "cache"),
-                                                     run.model_key(c), "id_fit")))
+                                                     run_model.model_key(c), "id_fit")))
   assert len([e for e in entries if e.startswith("id_fit-")]) == 2, entries
 
 

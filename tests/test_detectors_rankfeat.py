@@ -15,13 +15,17 @@ import ml_collections
 import numpy as np
 import pytest
 import scipy.special
+from test_compile_once import compilations
 
 from configs import common, demo
-from fi_jax import detectors, distributed, extract, pipeline, run
+from fi_jax import detectors, pipeline
+from fi_jax.common import distributed
 from fi_jax.detectors import rankfeat
-from fi_jax.models import checkpoints, resnet, resnetv2, vit
-
-from test_compile_once import compilations
+from fi_jax.extract import forward as extract
+from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import resnet, resnetv2, vit
+from fi_jax.run import benchmark as run
+from fi_jax.run import model as run_model
 
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
@@ -54,7 +58,7 @@ def perturb(m, seed=0):
 
 
 def save(m, path):
-  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+  from safetensors.torch import save_file
   save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(path))
   return str(path)
 
@@ -126,8 +130,8 @@ def tv_case(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bit_case(tmp_path_factory):
-  from timm.layers import StdConv2d   # pylint: disable=g-import-not-at-top
-  from timm.models.resnetv2 import ResNetV2   # pylint: disable=g-import-not-at-top
+  from timm.layers import StdConv2d
+  from timm.models.resnetv2 import ResNetV2
   torch.manual_seed(0)
   ref = perturb(ResNetV2(layers=[1, 1, 2, 2], channels=(64, 64, 128, 128), width_factor=2,
                          stem_chs=16, num_classes=C, stem_type="fixed",
@@ -321,7 +325,7 @@ def _demo_vit():
   model = vit.Model(6, patch_size=(2, 2), width=64, depth=2, mlp_dim=128, num_heads=4,
                     pool_type="gap", head_zeroinit=False)
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
-  predict, _ = run.default_predictor(model, params, None)
+  predict, _ = run_model.default_predictor(model, params, None)
   return predict, params
 
 
@@ -329,7 +333,7 @@ def test_forward_step_scores_inside_the_one_jitted_step():
   """extract.Forward with RankFeat (and ODIN) as input scorers: one compile of the step for
   two sets, and the scores equal a direct score_inputs call."""
   predict, params = _demo_vit()
-  dets = pipeline.build_detectors(["rankfeat", "odin", "msp"])
+  dets = detectors.build_suite(["rankfeat", "odin", "msp"])
   names = pipeline.input_scorer_names(dets, "id_test")
   assert names == ["rankfeat", "odin"] and pipeline.input_scorer_names(dets, "id_fit") == []
   fwd = extract.Forward(predict, distributed.data_mesh(),
@@ -387,7 +391,7 @@ def test_configs_list_rankfeat_only_for_supported_families():
 def test_vit_towers_of_other_families_are_intercepted(family):
   """dinov2 and the image towers of CLIP / SigLIP (two_towers) use vit.Encoder: the image
   tower's block depth-2 is the one modified (an identity modification changes nothing)."""
-  from fi_jax.models import clip, dinov2, two_towers  # pylint: disable=g-import-not-at-top
+  from fi_jax.models import clip, dinov2, two_towers
   if family == "dinov2":
     model, res, want = dinov2.Model(width=32, depth=4, num_heads=2, mlp_dim=64, posemb_grid=4,
                                     num_classes=C, head_layers=4), 56, (

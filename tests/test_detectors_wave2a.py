@@ -12,18 +12,18 @@ runs every registered detector).
 """
 import numpy as np
 import pytest
-import scipy.spatial.distance as spd
 import scipy.optimize
+import scipy.spatial.distance as spd
 import scipy.special
 import scipy.stats
 from sklearn.covariance import EmpiricalCovariance
 from sklearn.decomposition import PCA
 from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import StandardScaler
+from test_detectors import C, D, assert_scores, f64, fit_score, make_data, ref_mds, softmax
 
 from fi_jax import detectors
 from fi_jax.detectors import openmax as openmax_lib
-from test_detectors import C, D, assert_scores, f64, fit_score, make_data, ref_mds, softmax
 
 NEW = ("mds_pp", "rmds_pp", "ssd", "neco", "relation", "openmax", "vra")
 RTOL = 1e-6

@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_detectors import assert_scores, f64, fit_score, make_data
 
 from fi_jax import detectors
 from fi_jax.detectors import activation, core, stats, weiper
-
-from test_detectors import assert_scores, f64, fit_score, make_data
 
 RTOL = 1e-6
 

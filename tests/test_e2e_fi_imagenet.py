@@ -8,7 +8,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from fi_jax import data, preprocess, run
+from fi_jax.data import loader as data
+from fi_jax.data import preprocess
+from fi_jax.run import benchmark as run
 from tfds_fi_imagenet import testing
 
 PP = "decode|resize(16)|value_range(-1, 1)"

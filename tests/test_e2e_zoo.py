@@ -16,8 +16,8 @@ from safetensors.torch import save_file
 
 from configs import timm as timm_config
 from configs import torchvision as tv_config
-from fi_jax import run
 from fi_jax.models import zoo
+from fi_jax.run import benchmark as run
 from tfds_fi_imagenet import testing
 
 pytestmark = pytest.mark.slow   # ~1 min on two cores: two 224 px models over ~60 images each

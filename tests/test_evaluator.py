@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from fi_jax import data
+from fi_jax.data import loader as data
 from fi_jax.evaluators import ood
 from fi_jax.models import vit
 

@@ -16,10 +16,15 @@ import pytest
 import torch
 
 from configs import demo
-from fi_jax import cache, data, pipeline, run, validate
-from fi_jax.models import checkpoints, vit
-from fi_jax.models.checkpoints import CheckpointError
+from fi_jax import pipeline
+from fi_jax.data import loader as data
+from fi_jax.extract import cache
+from fi_jax.models import vit
+from fi_jax.models._checkpoints import CheckpointError
 from fi_jax.models.convert import readers
+from fi_jax.run import benchmark as run
+from fi_jax.run import model as run_model
+from fi_jax.run import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -101,7 +106,7 @@ def test_rewrite_replaces_the_entry_and_collects_old_files(tmp_path, monkeypatch
 _WRITER = textwrap.dedent("""
   import sys
   import numpy as np
-  from fi_jax import cache
+  from fi_jax.extract import cache
   path, w = sys.argv[1], int(sys.argv[2])
   for i in range(200):
     v = w * 1000 + i
@@ -112,7 +117,7 @@ _WRITER = textwrap.dedent("""
 _READER = textwrap.dedent("""
   import json, os, sys
   import numpy as np
-  from fi_jax import cache
+  from fi_jax.extract import cache
   path, stop = sys.argv[1], sys.argv[2]
   reads, absent, bad, logs = 0, 0, [], []
   while not os.path.exists(stop) or reads < 5:
@@ -348,7 +353,7 @@ def test_damaged_cache_is_recomputed_with_a_warning(tmp_path):
   workdir = tmp_path / "w"
   clean, log = _run(_quick(), workdir)
   assert "Training vit" in log
-  entries = os.path.join(workdir, "cache", run.model_key(_quick()))
+  entries = os.path.join(workdir, "cache", run_model.model_key(_quick()))
   by_set = {n.split("-")[0]: os.path.join(entries, n) for n in os.listdir(entries)}
 
   def file_of(set_name, key):
@@ -385,7 +390,7 @@ def test_nonfinite_model_outputs_name_the_set(tmp_path):
 
 _KILL_AT_SHARD = textwrap.dedent("""
   import os, signal, sys
-  from fi_jax import cache
+  from fi_jax.extract import cache
   save = cache.save
   def kill_at(path, *a, **k):   # SIGKILL while shard 4 of id_fit is in flight
     if "id_fit" in path and path.endswith("shard-00003"):
@@ -393,7 +398,7 @@ _KILL_AT_SHARD = textwrap.dedent("""
     return save(path, *a, **k)
   cache.save = kill_at
   sys.argv = ["main.py", *sys.argv[1:]]
-  from fi_jax import cli
+  from fi_jax.run import cli
   cli.main()
 """)
 

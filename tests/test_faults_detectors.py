@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fi_jax import detectors, metrics, pipeline
+from fi_jax import detectors, pipeline
 from fi_jax.detectors import core
+from fi_jax.metrics import device as metrics
 
 C, D, N_FIT, N_TEST = 6, 16, 200, 60
 
@@ -66,7 +67,7 @@ def test_nonfinite_scores_fail_only_that_detector():
   _, ood, _ = make_data(seed=1)
   ood = with_row(with_row(ood, "logits", 3, np.inf), "logits", 7, np.nan)
   sets = sets_of(fit, test, ood)
-  dets = pipeline.build_detectors(["maxlogit", "knn", "mds"], hparams={"knn": {"k": 5}})
+  dets = detectors.build_suite(["maxlogit", "knn", "mds"], hparams={"knn": {"k": 5}})
   scores, errors = pipeline.score_sets(dets, sets, head, keep_going=True)
   assert sorted(scores) == ["knn", "mds"] and list(errors) == ["maxlogit"]
   assert "maxlogit" in errors["maxlogit"] and "2 of 60 on 'ood/x'" in errors["maxlogit"]
@@ -174,7 +175,7 @@ def test_pipeline_passes_nonfinite_to_fit():
   fit, test, head = make_data()
   _, ood, _ = make_data(seed=1)
   sets = sets_of(with_row(fit, "features", 5, np.nan), test, ood)
-  dets = pipeline.build_detectors(["mds"])
+  dets = detectors.build_suite(["mds"])
   _, errors = pipeline.score_sets(dets, sets, head, keep_going=True)
   assert "mds: 1 of 200 fit rows" in errors["mds"]
   scores, errors = pipeline.score_sets(dets, sets, head, keep_going=True, nonfinite="drop")

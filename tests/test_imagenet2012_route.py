@@ -5,12 +5,13 @@ import os
 import tarfile
 
 import ml_collections
-import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
-from fi_jax import data, preprocess, run
+from fi_jax.data import loader as data
+from fi_jax.data import preprocess
+from fi_jax.run import benchmark as run
 from tfds_fi_imagenet import __main__ as cli
 from tfds_fi_imagenet import testing
 

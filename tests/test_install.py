@@ -5,11 +5,11 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from configs import demo
-from fi_jax import run
+from fi_jax.run import benchmark as run
+from fi_jax.run import model as run_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,7 +53,7 @@ def test_model_module_by_dotted_path(tmp_path, monkeypatch):
   results = run.run(c, str(tmp_path / "wd"), log=lambda s: None)
   assert [r["detector"] for r in results["rows"]] == ["msp", "vim"]
   with pytest.raises(ValueError, match="no module my_pkg.nope"):
-    run.model_module("my_pkg.nope")
+    run_model.model_module("my_pkg.nope")
 
 
 @pytest.mark.slow
@@ -63,13 +63,13 @@ def test_pip_install_gives_packages_and_console_script(tmp_path):
   for name in ("fi_jax", "tfds_fi_imagenet", "configs"):
     shutil.copytree(os.path.join(ROOT, name), src / name,
                     ignore=shutil.ignore_patterns("__pycache__"))
-  for name in ("pyproject.toml", "README.md"):
+  for name in ("pyproject.toml", "README.md", "LICENSE"):
     shutil.copy(os.path.join(ROOT, name), src / name)
   res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                         "--no-build-isolation", "--target", str(target), str(src)],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
   assert res.returncode == 0, res.stderr[-3000:]
-  for p in ("fi_jax/cli.py", "tfds_fi_imagenet/ninco/checksums.tsv", "configs/vit.py"):
+  for p in ("fi_jax/run/cli.py", "tfds_fi_imagenet/ninco/checksums.tsv", "configs/vit.py"):
     assert (target / p).exists(), p
   env = {**os.environ, "PYTHONPATH": str(target)}
   res = subprocess.run([str(target / "bin" / "fi-jax"), "--config=configs/demo.py:bogus"],

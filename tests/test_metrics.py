@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
-from fi_jax import metrics
+from fi_jax.metrics import device as metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = ("auroc", "fpr95", "fpr95_ood_positive", "fpr95_ninco", "aupr_in", "aupr_out",
@@ -28,7 +28,7 @@ RANK_KEYS = tuple(k for k in KEYS if k != "fpr95_ninco")   # invariant to monoto
 
 
 def ref_metrics(x, y, tpr=0.95, drop_intermediate=False):
-  """sklearn / numpy reference for every metric (definitions in fi_jax/metrics.py)."""
+  """sklearn / numpy reference for every metric (definitions in fi_jax/metrics/device.py)."""
   x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
   lab = np.r_[np.ones(len(x)), np.zeros(len(y))]
   s = np.r_[x, y]
@@ -299,7 +299,7 @@ import json, numpy as np, jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 jax.config.update("jax_enable_x64", True)
-from fi_jax import metrics
+from fi_jax.metrics import device as metrics
 assert jax.device_count() == 8
 mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
 shard = lambda a: jax.device_put(a, NamedSharding(mesh, P("d")))
@@ -329,7 +329,7 @@ def test_sharded_over_8_devices_equals_single_device():
 FLOAT32 = """
 import json, numpy as np, jax
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
-from fi_jax import metrics
+from fi_jax.metrics import device as metrics
 assert not jax.config.jax_enable_x64
 rng = np.random.default_rng(0)
 errs = {}
@@ -374,7 +374,7 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
                            process_id=pid, coordinator_bind_address=f"127.0.0.1:{port}")
 jax.config.update("jax_enable_x64", True)
 from jax.sharding import NamedSharding, PartitionSpec as P
-from fi_jax import metrics
+from fi_jax.metrics import device as metrics
 mesh = jax.make_mesh((jax.device_count(),), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
 rng = np.random.default_rng(0)
 x, y = np.round(rng.normal(1, 1, 4000), 1), np.round(rng.normal(0, 1, 800), 1)

@@ -5,13 +5,15 @@ bias, ln_pre, causal text mask, EOT pooling, projections, logit scale, real 4940
 """
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
-from fi_jax.models import checkpoints, clip, clip_tokenizer, zero_shot
+from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import clip
+from fi_jax.models import zero_shot_head as zero_shot
+from fi_jax.models.text import clip_tokenizer
 
 torch = pytest.importorskip("torch")
 open_clip = pytest.importorskip("open_clip")
@@ -295,17 +297,17 @@ def test_zero_shot_predictor_matches_open_clip(ref, images, tok):
 
 
 def test_openai_templates():
-  pytest.importorskip("fi_jax.models.zero_shot")
+  pytest.importorskip("fi_jax.models.zero_shot_head")
   temps = zero_shot.openai_templates()
   assert len(temps) == 80 and "a bad photo of a {}." in temps and "{}" not in temps
 
 
 @pytest.mark.slow
 def test_pipeline_build_model(ref, images, tok):
-  """fi_jax.run.build_model on a CLIP config: checkpoint + zero-shot head -> (logits, features)."""
+  """fi_jax.run.model.build_model on a CLIP config: checkpoint + zero-shot head -> (logits, features)."""
   ml_collections = pytest.importorskip("ml_collections")
-  from configs import common  # pylint: disable=g-import-not-at-top
-  from fi_jax import run  # pylint: disable=g-import-not-at-top
+  from configs import common
+  from fi_jax.run import model as run_model
   m, path, act = ref
   c = common.base_config()
   c.model_name = "clip"
@@ -316,7 +318,7 @@ def test_pipeline_build_model(ref, images, tok):
   c.model_init = path
   c.zero_shot = ml_collections.ConfigDict(dict(class_names=["cat", "dog"],
                                                templates=["a photo of a {}."]))
-  predict, params, head, _ = run.build_model(c, log=lambda s: None)
+  predict, params, head, _ = run_model.build_model(c, log=lambda s: None)
   with jax.default_matmul_precision("highest"):
     logits, feats = jax.jit(predict)(params, images)
   zt = np.stack([np.asarray(_apply(_fi_model(act), params, None, tok([f"a photo of a {n}."]))[1][0])

@@ -6,13 +6,13 @@ library's real file format (.pth state dict / timm safetensors), loaded through
 `convnext.load`, and compared on logits and pre_logits at two input sizes. The full-size key
 layout is checked against the real architectures on torch's meta device.
 """
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
-from fi_jax.models import checkpoints, convnext
+from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import convnext
 
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
@@ -155,7 +155,7 @@ def _meta_sd(build):
 @pytest.mark.parametrize("source", ["torchvision", "timm"])
 def test_full_size_layout(variant, source):
   """Every key / shape of the real architecture is what the converter expects, and no more."""
-  import torchvision.models as tvm  # pylint: disable=g-import-not-at-top
+  import torchvision.models as tvm
   build = (lambda: getattr(tvm, variant)()) if source == "torchvision" else (
       lambda: timm.create_model(variant, pretrained=False))
   shapes = _meta_sd(build)

@@ -4,13 +4,15 @@ Tiny random timm models (width 32, 4 blocks, 56px = 4x4 patches of 14) are writt
 safetensors and as official-layout .pth state dicts, loaded through `dinov2.load`, and
 compared at the native grid and at other resolutions (posemb interpolation).
 """
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
-from fi_jax.models import checkpoints, dinov2, posemb, releases
+from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import _posemb as posemb
+from fi_jax.models import _releases as releases
+from fi_jax.models import dinov2
 
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
@@ -262,10 +264,10 @@ def test_errors(timm_ckpt, tmp_path):
 
 @pytest.mark.slow
 def test_pipeline_build_model(timm_ckpt, tmp_path):
-  """fi_jax.run.build_model on a DINOv2 config: backbone in model_init, head in model_load."""
+  """fi_jax.run.model.build_model on a DINOv2 config: backbone in model_init, head in model_load."""
   ml_collections = pytest.importorskip("ml_collections")
-  from configs import common  # pylint: disable=g-import-not-at-top
-  from fi_jax import run  # pylint: disable=g-import-not-at-top
+  from configs import common
+  from fi_jax.run import model as run_model
   m, reg, _, official = timm_ckpt
   head = torch.nn.Linear((1 + 4) * WIDTH, 5)
   head_file = str(tmp_path / "linear4_head.pth")
@@ -278,7 +280,7 @@ def test_pipeline_build_model(timm_ckpt, tmp_path):
   c.init_shape = (1, 84, 84, 3)
   c.model_init = official
   c.model_load = ml_collections.ConfigDict(dict(head=head_file))
-  predict, params, det_head, _ = run.build_model(c, log=lambda s: None)
+  predict, params, det_head, _ = run_model.build_model(c, log=lambda s: None)
   img = _img(84, seed=11)
   with jax.default_matmul_precision("highest"):
     logits, feats = jax.jit(predict)(params, img)

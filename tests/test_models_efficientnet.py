@@ -10,13 +10,13 @@ built on the meta device to check the published key / shape set and each block's
 residual and the BatchNorm eps against `ARCHS`.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
-from fi_jax.models import checkpoints, efficientnet
+from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import efficientnet
 from fi_jax.models.convert import efficientnet as convert
 
 torch = pytest.importorskip("torch")

@@ -6,13 +6,13 @@ loaded through `regnet.load`, and compared on logits and pre_logits at two input
 variant table is checked against torchvision's BlockParams and the full-size regnet_y_16gf /
 regnet_x_400mf key sets and shapes on the meta device.
 """
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
-from fi_jax.models import checkpoints, regnet
+from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import regnet
 from fi_jax.models.convert import regnet as convert_regnet
 
 torch = pytest.importorskip("torch")
@@ -135,7 +135,7 @@ def test_regnet_bad_checkpoint(edit, tmp_path_factory, tmp_path):
 
 def _block_params(name):
   """torchvision's BlockParams of a published RegNet (its builder minus the model)."""
-  orig = tv_regnet._regnet   # pylint: disable=protected-access
+  orig = tv_regnet._regnet
   try:
     tv_regnet._regnet = lambda bp, weights, progress, **kw: bp
     return getattr(tv_regnet, name)()

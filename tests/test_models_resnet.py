@@ -9,13 +9,13 @@ device.
 """
 import functools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
-from fi_jax.models import checkpoints, resnet, resnetv2
+from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import resnet, resnetv2
 from fi_jax.models.convert import resnet as convert_resnet
 from fi_jax.models.convert import resnetv2 as convert_resnetv2
 
@@ -248,8 +248,8 @@ BIT_SMALL = dict(layers=[1, 2, 1, 1], channels=(64, 64, 128, 128), width_factor=
 
 @pytest.fixture(scope="module")
 def bit_case(tmp_path_factory):
-  from timm.layers import StdConv2d   # pylint: disable=g-import-not-at-top
-  from timm.models.resnetv2 import ResNetV2   # pylint: disable=g-import-not-at-top
+  from timm.layers import StdConv2d
+  from timm.models.resnetv2 import ResNetV2
   torch.manual_seed(0)
   ref = perturb(ResNetV2(num_classes=NUM_CLASSES, stem_type="fixed",
                          conv_layer=functools.partial(StdConv2d, eps=1e-8), **BIT_SMALL))

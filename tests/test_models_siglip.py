@@ -5,10 +5,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fi_jax.models import checkpoints as ckpt
-from fi_jax.models import releases
-from fi_jax.models.convert import readers
+from fi_jax.models import _checkpoints as ckpt
+from fi_jax.models import _releases as releases
 from fi_jax.models import two_towers
+from fi_jax.models.convert import readers
 
 W, DEPTH, MLP, HEADS, VOCAB, L, P, RES = 32, 2, 64, 4, 100, 16, 8, 32
 IMG = dict(patch_size=(P, P), width=W, depth=DEPTH, mlp_dim=MLP, num_heads=HEADS, pool_type="map")
@@ -114,7 +114,7 @@ def test_dict_init_files_and_posemb_resample(tmp_path):
   np.testing.assert_array_equal(params["txt"]["Embed_0"]["embedding"], ref["txt"]["Embed_0"]["embedding"])
   np.testing.assert_array_equal(params["t"], ref["t"])
   # The text tower alone: a two-tower file without ':txt' picks the text tower.
-  from fi_jax.models import text_transformer  # pylint: disable=g-import-not-at-top
+  from fi_jax.models.text import transformer as text_transformer
   txt = text_transformer.load(init48["txt"], path)
   np.testing.assert_array_equal(txt["Encoder_0"]["encoderblock_1"]["MlpBlock_0"]["Dense_0"]["kernel"],
                                 ref["txt"]["Encoder_0"]["encoderblock_1"]["MlpBlock_0"]["Dense_0"]["kernel"])
@@ -170,7 +170,7 @@ def _patchify(images):
 def test_transformers_equivalence(tmp_path, version):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+  from safetensors.torch import save_file
   vision, text = _hf_configs(version)
   if version == 1:
     ref = transformers.SiglipModel(transformers.SiglipConfig(vision_config=vision, text_config=text))
@@ -206,7 +206,7 @@ def test_transformers_equivalence(tmp_path, version):
   ours = np.asarray(zimg @ ztxt.T * out["t"] + out["b"])
   np.testing.assert_allclose(ours, logits, atol=1e-4, rtol=0)
   if version == 1:  # the image tower alone, through the ViT loader
-    from fi_jax.models import vit  # pylint: disable=g-import-not-at-top
+    from fi_jax.models import vit
     img_model = vit.Model(**IMG)
     img_params = vit.load(jax.eval_shape(img_model.init, jax.random.PRNGKey(0), images[:1])["params"], path)
     with jax.default_matmul_precision("highest"):

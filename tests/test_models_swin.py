@@ -8,13 +8,13 @@ pre_logits at sizes that exercise padding, odd patch merging, windows larger tha
 (torchvision: shift dropped after padding; timm: window shrunk at construction) and, for timm,
 a run-time size other than `img_size`. Full-size key layouts are checked on torch's meta device.
 """
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
-from fi_jax.models import checkpoints, swin
+from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import swin
 
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
@@ -123,10 +123,10 @@ def test_relative_position_buffers(wh, ww):
   a = tvs.ShiftedWindowAttention(8, [wh, ww], [0, 0], 2)
   np.testing.assert_array_equal(swin.relative_position_index(wh, ww).reshape(-1),
                                 a.relative_position_index.numpy())
-  from timm.models import swin_transformer as ts  # pylint: disable=g-import-not-at-top
+  from timm.models import swin_transformer as ts
   np.testing.assert_array_equal(swin.relative_position_index(wh, ww),
                                 ts.get_relative_position_index(wh, ww).numpy())
-  from timm.models import swin_transformer_v2 as ts2  # pylint: disable=g-import-not-at-top
+  from timm.models import swin_transformer_v2 as ts2
   for pt in ((0, 0), (3, 3)):
     b = ts2.WindowAttention(8, (wh, ww), 2, pretrained_window_size=pt)
     np.testing.assert_allclose(swin.relative_coords_table(wh, ww, pt),
@@ -138,7 +138,7 @@ def test_relative_position_buffers(wh, ww):
 
 
 def test_shift_mask_matches_timm():
-  from timm.models import swin_transformer as ts  # pylint: disable=g-import-not-at-top
+  from timm.models import swin_transformer as ts
   blk = ts.SwinTransformerBlock(8, (12, 8), num_heads=2, window_size=4, shift_size=2)
   np.testing.assert_array_equal(swin.shift_mask(12, 8, (4, 4), (2, 2)), blk.attn_mask.numpy())
 
@@ -194,7 +194,7 @@ def test_full_size_layout(variant, source):
   """Every key / shape of the real architecture is what the converter expects, and no more
   (torchvision's stored position buffers included; their values are checked in the
   equivalence tests)."""
-  import torchvision.models as tvm  # pylint: disable=g-import-not-at-top
+  import torchvision.models as tvm
   if source == "torchvision":
     build = lambda: getattr(tvm, variant)()
   else:

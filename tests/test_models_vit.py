@@ -7,9 +7,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fi_jax.models import checkpoints as ckpt
-from fi_jax.models.convert import readers
+from fi_jax.models import _checkpoints as ckpt
 from fi_jax.models import vit
+from fi_jax.models.convert import readers
 
 TINY = dict(patch_size=(8, 8), width=32, depth=2, mlp_dim=64, num_heads=4)
 IMG = (2, 32, 32, 3)
@@ -148,7 +148,7 @@ def test_clear_errors(tmp_path):
 # ----------------------------------------------------------------------------- timm
 
 def _randomize_torch(module, seed=0):
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch
   g = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for name, p in module.named_parameters():
@@ -158,7 +158,7 @@ def _randomize_torch(module, seed=0):
 
 
 def _save_torch(module, path):
-  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+  from safetensors.torch import save_file
   save_file({k: v.contiguous() for k, v in module.state_dict().items()}, path)
 
 
@@ -209,7 +209,7 @@ def test_timm_fc_norm_needs_the_option(tmp_path):
 
 def test_safetensors_reader_bf16(tmp_path):
   torch = pytest.importorskip("torch")
-  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+  from safetensors.torch import save_file
   t = torch.randn(3, 5).to(torch.bfloat16)
   path = str(tmp_path / "x.safetensors")
   save_file({"a": t, "b": torch.arange(4)}, path)
@@ -229,12 +229,12 @@ def test_safetensors_reader_bf16(tmp_path):
 
 
 def test_posemb_resample_is_logged_and_errors_say_what_differs(tmp_path, caplog):
-  from fi_jax.models import posemb
+  from fi_jax.models import _posemb as posemb
   _, params = _init(num_classes=5, pool_type="gap")
   path = str(tmp_path / "p.npz")
   readers.save_npz(path, params)
   _, init48 = _init(res=48, num_classes=5, pool_type="gap")
-  with caplog.at_level("WARNING", logger="fi_jax.models.posemb"):
+  with caplog.at_level("WARNING", logger="fi_jax.models._posemb"):
     vit.load(init48, path)
   assert [r.getMessage() for r in caplog.records if "posemb" in r.getMessage()] == [
       "Resampled the posemb grid from 4x4 to 6x6 (the model's input size / patch size differ "
@@ -253,7 +253,7 @@ def test_adopted_posemb_grid_is_logged(caplog):
   from fi_jax.models.convert import torch_layers
   init = {"pos_embedding": jax.ShapeDtypeStruct((1, 1 + 16, 8), jnp.float32)}
   with caplog.at_level("INFO", logger="fi_jax.models.convert.torch_layers"):
-    out = torch_layers._adopt_posemb(  # pylint: disable=protected-access
+    out = torch_layers._adopt_posemb(
         init, "pos_embedding", np.zeros((1, 1 + 36, 8)), "f.pth", "")
   assert out["pos_embedding"].shape == (1, 37, 8)
   assert [r.getMessage() for r in caplog.records] == [

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from fi_jax import preprocess
-from fi_jax.models import checkpoints as ckpt
+from fi_jax.data import preprocess
+from fi_jax.models import _checkpoints as ckpt
 from fi_jax.models import vit
 from fi_jax.models.convert import torch_layers as tl
 
@@ -63,7 +63,7 @@ def _compare(model, params, x, logits, pre_logits):
 # ----------------------------------------------------------------------------- torchvision
 
 def _torchvision_ref(**kw):
-  from torchvision.models import vision_transformer as tvv  # pylint: disable=g-import-not-at-top
+  from torchvision.models import vision_transformer as tvv
   return _perturb(tvv.VisionTransformer(**{**TV_TINY, "num_classes": 10, **kw}))
 
 
@@ -143,7 +143,7 @@ TIMM_FORMS = {
 
 
 def _timm_ref(arch, overrides, res=32):
-  import timm  # pylint: disable=g-import-not-at-top
+  import timm
   kw = {**TIMM_TINY, "num_classes": 10, "img_size": res, **overrides}
   return _perturb(timm.create_model(arch, pretrained=False, **kw))
 
@@ -247,17 +247,17 @@ def test_full_size_keys_and_shapes(name):
   info = vit.PRETRAINED[name]
   arch = info["variant"]
   if info["source"] == "torchvision":
-    import torchvision  # pylint: disable=g-import-not-at-top
+    import torchvision
     build = lambda: getattr(torchvision.models, arch)(image_size=info["input_size"])
   else:
-    import timm  # pylint: disable=g-import-not-at-top
+    import timm
     build = lambda: timm.create_model(arch, pretrained=False, num_classes=info["num_classes"],
                                       img_size=info["input_size"])
   flat = _meta_state_dict(build)
   model = vit.Model(info["num_classes"] or None, variant=arch)
   init = _init(model, info["input_size"])
   where = {}
-  convert = vit._from_state_dict  # pylint: disable=protected-access
+  convert = vit._from_state_dict
   tree, converter = convert(flat, tl.num_heads(init), name, "", where)
   vit.check_converted(tree, init, converter, where, name)
   got = {k: np.shape(v) for k, v in ckpt.flatten(vit.prepare(tree, init)).items()}
@@ -270,8 +270,8 @@ def test_full_size_keys_and_shapes(name):
 def test_pretrained_table_matches_the_libraries():
   """PRETRAINED's eval transforms and files are those of torchvision's weights enums and
   timm's pretrained_cfg."""
-  import timm  # pylint: disable=g-import-not-at-top
-  import torchvision  # pylint: disable=g-import-not-at-top
+  import timm
+  import torchvision
   for name, info in vit.PRETRAINED.items():
     assert info["variant"] in vit.ARCHS, name
     source, tag = name.split("/", 1)

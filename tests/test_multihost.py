@@ -13,7 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-from fi_jax import cache, extract, features
+from fi_jax.extract import cache
+from fi_jax.extract import forward as extract
+from fi_jax.extract import own_features as features
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--config=configs/demo.py:quick", "--config.train.steps=30", "--config.batch_size=64",

@@ -29,7 +29,7 @@ def test_demo_writes_all_reports(quick_run):
   workdir, res = quick_run
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
-  assert set(results) == {"meta", "id_accuracy", "rows", "failed"} and results["failed"] == []
+  assert set(results) == {"schema", "meta", "id_accuracy", "rows", "failed"} and results["failed"] == []
   assert results["id_accuracy"] > 0.6      # 150 steps; the full demo reaches > 0.9
   detectors = {r["detector"] for r in results["rows"]}
   assert {"msp", "maxlogit", "energy"} <= detectors
@@ -45,7 +45,7 @@ def test_demo_writes_all_reports(quick_run):
   meta = results["meta"]
   assert meta["config"]["train"]["steps"] == 150 and "jax" in meta["versions"]
   assert set(meta["timings_s"]) >= {"extract", "detectors", "metrics", "total"}
-  assert "--xla_backend_optimization_level=1" in meta["xla_flags"]   # fi_jax.xla_flags on CPU
+  assert "--xla_backend_optimization_level=1" in meta["xla_flags"]   # fi_jax.run.xla_flags on CPU
   with open(os.path.join(workdir, "results.csv")) as f:
     lines = f.read().splitlines()
   assert lines[0].startswith("model,detector,id_set,ood_set,") and len(lines) == 1 + len(results["rows"])

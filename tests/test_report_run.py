@@ -12,8 +12,14 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from configs import common, demo, features as features_config, torchvision, vit
-from fi_jax import pipeline, preflight, report, run
+from configs import demo, torchvision, vit
+from configs import features as features_config
+from fi_jax import pipeline, report
+from fi_jax.metrics import paired as metrics_paired
+from fi_jax.metrics import reference as metrics_reference
+from fi_jax.run import benchmark as run
+from fi_jax.run import model as run_model
+from fi_jax.run import preflight
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,7 +74,7 @@ def test_real_config_without_checkpoint_needs_random_init():
   assert len(problems) == 1 and "random_init=True" in problems[0]
   c = vit.get_config("random_init=True")
   assert preflight.check_model(c) == [] and c.random_init
-  assert run.model_label(c) == "vit-B/16 (random init)"
+  assert run_model.model_label(c) == "vit-B/16 (random init)"
   assert preflight.check_model(demo.get_config("quick")) == []   # trains: no checkpoint needed
 
 
@@ -140,16 +146,16 @@ def test_numpy_metrics_match_sklearn_and_paired_bootstrap():
   a_id, a_ood = rng.normal(1, 1, 300), rng.normal(0, 1, 200)
   b_id, b_ood = a_id + rng.normal(0, 2, 300), a_ood + rng.normal(0, 2, 200)
   y = np.r_[np.ones(300), np.zeros(200)]
-  assert report.auroc(a_id, a_ood) == pytest.approx(skm.roc_auc_score(y, np.r_[a_id, a_ood]),
+  assert metrics_reference.auroc(a_id, a_ood) == pytest.approx(skm.roc_auc_score(y, np.r_[a_id, a_ood]),
                                                      abs=1e-12)
   fpr, tpr, _ = skm.roc_curve(y, np.r_[a_id, a_ood], drop_intermediate=False)
-  assert report.fpr_at_tpr(a_id, a_ood) == fpr[np.argmax(tpr >= 0.95)]
-  f2, t2 = report.roc_curve(a_id, a_ood)
+  assert metrics_reference.fpr_at_tpr(a_id, a_ood) == fpr[np.argmax(tpr >= 0.95)]
+  f2, t2 = metrics_reference.roc_curve(a_id, a_ood)
   np.testing.assert_allclose(f2, fpr)
   np.testing.assert_allclose(t2, tpr)
-  t = report.paired_bootstrap((a_id, a_ood), (b_id, b_ood), n_bootstrap=200, seed=0)
+  t = metrics_paired.paired_bootstrap((a_id, a_ood), (b_id, b_ood), n_bootstrap=200, seed=0)
   assert t["auroc_diff"] > 0 and t["auroc_diff_ci_low"] > 0 and t["auroc_p"] < 0.05
-  same = report.paired_bootstrap((a_id, a_ood), (a_id, a_ood), n_bootstrap=50)
+  same = metrics_paired.paired_bootstrap((a_id, a_ood), (a_id, a_ood), n_bootstrap=50)
   assert same["auroc_diff"] == 0 and same["auroc_p"] == 1.0
 
 

@@ -1,12 +1,12 @@
-"""fi_jax.selection: the sort-free order statistics equal the lax.top_k reference path, the
+"""fi_jax.detectors.selection: the sort-free order statistics equal the lax.top_k reference path, the
 order keys order floats (with -0.0 tied to +0.0), the bit-packed compaction is exact."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fi_jax import metrics
-from fi_jax import selection
+from fi_jax.detectors import selection
+from fi_jax.metrics import device as metrics
 
 # jitted: one compilation per shape and ks (op by op, every call re-traces the searches)
 row_order_stats = jax.jit(selection.row_order_stats, static_argnums=1)

@@ -11,10 +11,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 import tfds_fi_imagenet
-from tfds_fi_imagenet import errors
-from tfds_fi_imagenet import imagenet_val
-from tfds_fi_imagenet import ood_classes
-from tfds_fi_imagenet import testing
+from tfds_fi_imagenet import errors, imagenet_val, ood_classes, testing
 from tfds_fi_imagenet.fi_imagenet_1k import fi_imagenet_1k_dataset_builder as fi
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

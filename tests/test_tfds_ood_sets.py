@@ -3,11 +3,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from tfds_fi_imagenet import archives
-from tfds_fi_imagenet import images
-from tfds_fi_imagenet import members
-from tfds_fi_imagenet import subsets
-from tfds_fi_imagenet import testing
+from tfds_fi_imagenet import archives, images, members, subsets, testing
 from tfds_fi_imagenet.inaturalist_ood import inaturalist_ood_dataset_builder as inat
 from tfds_fi_imagenet.ninco import ninco_dataset_builder as ninco
 from tfds_fi_imagenet.openimage_o import openimage_o_dataset_builder as oio
@@ -17,7 +13,7 @@ SSB = ["n01/n01_1.JPEG", "n01/n01_2.JPEG", "n02/n02_1.JPEG"]
 
 
 def _tf():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
   return tf
 
 

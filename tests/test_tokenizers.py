@@ -6,7 +6,9 @@ import shutil
 import numpy as np
 import pytest
 
-from fi_jax.models import imagenet_names, tokenizers, zero_shot
+from fi_jax.data import class_names as imagenet_names
+from fi_jax.models import zero_shot_head as zero_shot
+from fi_jax.models.text import tokenizers
 
 spm = pytest.importorskip("sentencepiece")
 

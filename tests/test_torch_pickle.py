@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from fi_jax.models._checkpoints import CheckpointError
 from fi_jax.models.convert import readers, torch_pickle
-from fi_jax.models.checkpoints import CheckpointError
 
 
 def _reference(path):

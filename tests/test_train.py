@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from fi_jax import train
+from fi_jax.run import train
 
 
 class _Tiny(nn.Module):
@@ -41,7 +41,7 @@ def _reference(model, params, images, labels, *, steps, batch_size, lr, warmup_s
     idx = rng.integers(0, len(labels), batch_size)
     x = images[idx]
     if augment_shift:
-      x = train._random_shift(x, augment_shift, rng)   # pylint: disable=protected-access
+      x = train._random_shift(x, augment_shift, rng)
     params, opt = step(params, opt, x, labels[idx])
   return params
 
@@ -68,7 +68,7 @@ def test_chunked_training_equals_per_step_loop(chunk_bytes, monkeypatch):
 
 def test_on_traced_is_called_once_before_the_step_compiles():
   """train_classifier(on_traced=f): f runs once, after the training step is traced and before
-  XLA compiles it (fi_jax.ahead then starts its own tracing)."""
+  XLA compiles it (fi_jax.run.compile_ahead then starts its own tracing)."""
   events = []
 
   def listener(event, duration, **kw):
@@ -91,15 +91,15 @@ def test_on_traced_is_called_once_before_the_step_compiles():
 
 
 def test_the_init_options_give_the_default_initial_values():
-  """run._init_compiler_options (LLVM -O1 on CPU, for a faster compile) leaves the demo ViT's
+  """run_model._init_compiler_options (LLVM -O1 on CPU, for a faster compile) leaves the demo ViT's
   initial parameters bit-identical."""
-  from configs import demo   # pylint: disable=g-import-not-at-top
-  from fi_jax import run   # pylint: disable=g-import-not-at-top
-  from fi_jax.models import vit   # pylint: disable=g-import-not-at-top
+  from configs import demo
+  from fi_jax.models import vit
+  from fi_jax.run import model as run_model
   c = demo.get_config()
   model = vit.Model(**c.model.to_dict())
   init = lambda: model.init(jax.random.PRNGKey(c.seed), jnp.zeros(c.init_shape))["params"]
-  options = run._init_compiler_options()  # pylint: disable=protected-access
+  options = run_model._init_compiler_options()
   fast = jax.jit(init, compiler_options=options)()
   plain = jax.jit(init)()
   for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(plain), strict=True):

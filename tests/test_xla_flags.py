@@ -1,11 +1,11 @@
-"""fi_jax.xla_flags: XLA's quick-compiling CPU pipeline, for CPU-only processes."""
+"""fi_jax.run.xla_flags: XLA's quick-compiling CPU pipeline, for CPU-only processes."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-from fi_jax import xla_flags
+from fi_jax.run import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=1"
@@ -68,20 +68,20 @@ _LEVEL = ("from jax._src.lib import xla_client as xc; "
 def test_xla_compiles_with_the_flags_only_when_set_before_the_backend_starts():
   if xla_flags.accelerator_plugins():
     pytest.skip("an accelerator plugin is installed: the process is not CPU-only")
-  before = _child("from fi_jax import xla_flags; print(len(xla_flags.fast_cpu_compile())); "
+  before = _child("from fi_jax.run import xla_flags; print(len(xla_flags.fast_cpu_compile())); "
                   + _LEVEL)
   assert before == ["2", "1"]
-  after = _child("import jax; jax.devices(); from fi_jax import xla_flags; "
+  after = _child("import jax; jax.devices(); from fi_jax.run import xla_flags; "
                  "print(len(xla_flags.fast_cpu_compile())); " + _LEVEL)
   assert after == ["0", "3"]        # XLA read XLA_FLAGS when the backend started: too late
-  assert _child("from fi_jax import xla_flags; print(len(xla_flags.fast_cpu_compile())); "
+  assert _child("from fi_jax.run import xla_flags; print(len(xla_flags.fast_cpu_compile())); "
                 + _LEVEL, env_flags="--xla_backend_optimization_level=2") == ["1", "2"]
 
 
 def test_the_cli_turns_it_on_and_the_config_off():
   if xla_flags.accelerator_plugins():
     pytest.skip("an accelerator plugin is installed: the process is not CPU-only")
-  code = ("import sys; from absl import flags; from fi_jax import cli, run; "
+  code = ("import sys; from absl import flags; from fi_jax.run import cli; from fi_jax.run import benchmark as run; "
           "run.run = lambda config, workdir: print(run.os.environ.get('XLA_FLAGS', '-')); "
           "sys.argv = ['main.py', '--config=configs/demo.py:quick', '--workdir=/tmp/x'] + "
           "sys.argv[1:]; cli.main()")

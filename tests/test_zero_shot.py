@@ -1,9 +1,6 @@
 """Zero-shot heads: names/templates data, canonicalisation, averaging, accuracy, SigLIP predictor."""
 import ast
-import collections
 import importlib.util
-import sys
-import types
 import zlib
 
 import jax
@@ -12,8 +9,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from fi_jax.models import checkpoints as ckpt
-from fi_jax.models import imagenet_names, two_towers, zero_shot
+from fi_jax.data import class_names as imagenet_names
+from fi_jax.models import _checkpoints as ckpt
+from fi_jax.models import two_towers
+from fi_jax.models import zero_shot_head as zero_shot
 
 
 def test_class_names_and_templates():
@@ -110,7 +109,7 @@ def tiny_siglip(tmp_path_factory):
 
 
 def test_text_embedder_matches_model(tiny_siglip):
-  from fi_jax.models import tokenizers  # pylint: disable=g-import-not-at-top
+  from fi_jax.models.text import tokenizers
   model, params, spm_path = tiny_siglip
   tok = tokenizers.get_tokenizer("siglip", spm_path, max_len=16)
   texts = ["itap of a tench", "a photo of the small goldfish", "a origami hen"]
@@ -120,12 +119,6 @@ def test_text_embedder_matches_model(tiny_siglip):
 
 
 def test_siglip_predictor(tiny_siglip, monkeypatch):
-  try:
-    import fi_jax.detectors  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:  # detectors not written yet: a stand-in with the same Head(w, b) shape
-    fake = types.ModuleType("fi_jax.detectors")
-    fake.Head = collections.namedtuple("Head", "w b")
-    monkeypatch.setitem(sys.modules, "fi_jax.detectors", fake)
   model, params, spm_path = tiny_siglip
   names = list(imagenet_names.IMAGENET_CLASS_NAMES[:5])
   config = ml_collections.ConfigDict(dict(zero_shot=dict(
@@ -138,7 +131,7 @@ def test_siglip_predictor(tiny_siglip, monkeypatch):
   # SigLIP's own pairwise logits for one prompt per class agree with a one-template head.
   _, head1 = two_towers.predictor(model, params, ml_collections.ConfigDict(dict(zero_shot=dict(
       tokenizer=spm_path, class_names=names, templates="class_name_only"))))
-  from fi_jax.models import tokenizers  # pylint: disable=g-import-not-at-top
+  from fi_jax.models.text import tokenizers
   tok = tokenizers.get_tokenizer("siglip", spm_path, max_len=16)
   zimg, ztxt, out = jax.jit(model.apply)({"params": params}, images, tok([zero_shot.canonicalize(n, keep=",") for n in names]))
   np.testing.assert_allclose(feats @ np.asarray(head1.w) + np.asarray(head1.b),

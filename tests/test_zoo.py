@@ -14,7 +14,7 @@ import torchvision
 from PIL import Image
 from torchvision.models import get_model_weights
 
-from fi_jax import preprocess
+from fi_jax.data import preprocess
 from fi_jax.models import zoo
 
 TABLE = zoo.table()

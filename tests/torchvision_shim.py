@@ -21,11 +21,11 @@ def install() -> None:
   """
   global _LIB
   try:
-    import torch  # pylint: disable=g-import-not-at-top  (optional, and heavy)
+    import torch  # optional, and heavy
   except ImportError:
     return
   try:
-    torch.ops.torchvision.nms  # pylint: disable=pointless-statement
+    torch.ops.torchvision.nms
   except (AttributeError, RuntimeError):
     _LIB = torch.library.Library("torchvision", "DEF")
     _LIB.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")

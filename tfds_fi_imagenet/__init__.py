@@ -13,15 +13,14 @@ import os as _os
 
 _os.environ.setdefault("NO_GCE_CHECK", "true")
 
-# pylint: disable=g-import-not-at-top,unused-import
-from tfds_fi_imagenet.fi_imagenet_1k import fi_imagenet_1k_dataset_builder
-from tfds_fi_imagenet.inaturalist_ood import inaturalist_ood_dataset_builder
-from tfds_fi_imagenet.ninco import ninco_dataset_builder
-from tfds_fi_imagenet.openimage_o import openimage_o_dataset_builder
-from tfds_fi_imagenet.ssb_hard import ssb_hard_dataset_builder
-from tfds_fi_imagenet.textures_ood import textures_ood_dataset_builder
+# importing the builders registers them with TFDS
 from tfds_fi_imagenet.build import DATASETS, build_dataset
+from tfds_fi_imagenet.fi_imagenet_1k import fi_imagenet_1k_dataset_builder  # noqa: F401
+from tfds_fi_imagenet.inaturalist_ood import inaturalist_ood_dataset_builder  # noqa: F401
+from tfds_fi_imagenet.ninco import ninco_dataset_builder  # noqa: F401
+from tfds_fi_imagenet.openimage_o import openimage_o_dataset_builder  # noqa: F401
+from tfds_fi_imagenet.ssb_hard import ssb_hard_dataset_builder  # noqa: F401
 from tfds_fi_imagenet.subsets import per_class_subset, per_class_subset_counts
-# pylint: enable=g-import-not-at-top,unused-import
+from tfds_fi_imagenet.textures_ood import textures_ood_dataset_builder  # noqa: F401
 
 __all__ = ["DATASETS", "build_dataset", "per_class_subset", "per_class_subset_counts"]

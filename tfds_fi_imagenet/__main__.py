@@ -15,8 +15,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from tfds_fi_imagenet import build
-from tfds_fi_imagenet import errors
+from tfds_fi_imagenet import build, errors
 
 PROG = "python -m tfds_fi_imagenet"
 

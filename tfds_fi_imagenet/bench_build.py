@@ -13,17 +13,17 @@ import argparse
 import tempfile
 import time
 
-from etils import epath
 import numpy as np
+from etils import epath
 
-from tfds_fi_imagenet import build
-from tfds_fi_imagenet import testing
+from tfds_fi_imagenet import build, testing
 
 
 def _photo_like_jpeg(rng: np.random.Generator, size: int) -> bytes:
   """A smooth gradient plus mild noise: JPEG sizes close to real photos (~20-40 KB)."""
-  import io  # pylint: disable=g-import-not-at-top
-  from PIL import Image  # pylint: disable=g-import-not-at-top
+  import io
+
+  from PIL import Image
   h, w = size * 3 // 4, size
   yy, xx = np.mgrid[0:h, 0:w]
   base = np.stack([xx * 255 / w, yy * 255 / h, (xx + yy) * 127 / (w + h)], -1)
@@ -38,8 +38,8 @@ def main() -> None:
   p.add_argument("--n", type=int, default=2000)
   p.add_argument("--size", type=int, default=320)
   args = p.parse_args()
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import  (not timed)
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # noqa: F401  not timed
+  import tensorflow_datasets as tfds
   tfds.disable_progress_bar()
   rng = np.random.default_rng(0)
   with tempfile.TemporaryDirectory() as tmp:

@@ -7,7 +7,7 @@ from typing import Mapping, Optional
 
 os.environ.setdefault("NO_GCE_CHECK", "true")  # TF's GCS auth: never probe the GCE metadata server
 
-import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+import tensorflow_datasets as tfds
 
 from tfds_fi_imagenet import errors, imagenet2012_train
 

@@ -12,8 +12,8 @@ import functools
 import re
 from typing import Optional
 
-from etils import epath
 import tensorflow_datasets as tfds
+from etils import epath
 
 from tfds_fi_imagenet import ood_classes
 

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Hashable, Iterable, Iterator, Mapping, Optional
 
-from tfds_fi_imagenet import archives
-from tfds_fi_imagenet import images
+from tfds_fi_imagenet import archives, images
 
 
 def index_members(names: Iterable[str], key_of: Callable[[str], Optional[Hashable]],

@@ -13,13 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Iterator, Optional
 
-from etils import epath
 import tensorflow_datasets as tfds
+from etils import epath
 
-from tfds_fi_imagenet import archives
-from tfds_fi_imagenet import builder
-from tfds_fi_imagenet import members
-from tfds_fi_imagenet import ood_classes
+from tfds_fi_imagenet import archives, builder, members, ood_classes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,8 +15,8 @@ import tarfile
 import zipfile
 from typing import Iterable, Mapping, Optional, Sequence
 
-from etils import epath
 import numpy as np
+from etils import epath
 
 # OOD class names like the real list's (free text, spaces, one image without a class).
 FAKE_OOD_CLASSES = ("hot air balloon", "okapi", "kiwi fruit")
@@ -24,7 +24,7 @@ FAKE_OOD_CLASSES = ("hot air balloon", "okapi", "kiwi fruit")
 
 def image_bytes(fmt: str = "JPEG", size: int = 16, seed: int = 0) -> bytes:
   """A deterministic RGB noise image of size x size pixels ('JPEG', 'PNG' or 'GIF')."""
-  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from PIL import Image
   rng = np.random.default_rng(seed)
   arr = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
   buf = io.BytesIO()
@@ -112,7 +112,7 @@ def make_fake_fi_imagenet(root: epath.PathLike, n_id: int = 8, n_ood: int = 4,
   Returns:
     The data_dir to pass to tfds.load / tfds.builder (with download=False).
   """
-  from tfds_fi_imagenet import build  # pylint: disable=g-import-not-at-top
+  from tfds_fi_imagenet import build
   root = epath.Path(root)
   n = n_id + n_ood + n_ambiguous
   if n < 1 or min(n_id, n_ood, n_ambiguous) < 0:

@@ -1,4 +1,5 @@
-"""Post-hoc OOD detectors, jitted, equal to their references (docs/detectors.md).
+"""Stage 4, detectors: post-hoc OOD detectors, jitted, equal to their references
+(docs/detectors.md).
 
     det = detectors.build("vim", preset="ninco")          # or preset="openood" / None, **hparams
     state = det.fit(fit_outputs, head)                    # Outputs or an iterable of Outputs
@@ -17,26 +18,33 @@ ash_p, ash_b, ash_s, scale, dice, bats, optfs, line), distance.py (mds, rmds, md
 ssd, residual, vim, neco, she, cosine, relative_cosine, fdbd, nci), knn.py (knn, nnguide,
 relation, combood), openmax.py (openmax), gradient.py (odin, iodin, gradnorm,
 adascale_a, adascale_l), rankfeat.py (rankfeat: ResNet, BiT ResNetV2 and ViT-encoder models),
-zero_shot.py (mcm), weiper.py (weiper, weiper_kld), layer.py (mdsens, gram:
-intermediate blocks, fi_jax/layers.py); stats.py holds the streaming statistics every fit uses.
+vision_language.py (mcm), weiper.py (weiper, weiper_kld), intermediate.py (mdsens, gram:
+intermediate blocks, fi_jax/extract/layer_columns.py); stats.py holds the streaming statistics every fit uses.
 
 A suite: `with detectors.shared(dets): ...` makes detectors that repeat work on the same
 arrays do it once (class moments, KNN's search for every k, identical preset pairs); the
 scores are identical to unshared calls (shared.py).
+
+The contract (core.py `Detector`) declares everything the pipeline reads from a detector:
+`needs`, `fit_needs`, `fit_inputs`, `layer_reducers`, `model_families`, `score_inputs`;
+`selection.py` is the KNN order-statistic selection the metrics share.
+
+May import: fi_jax.common, fi_jax.data, fi_jax.models, fi_jax.extract.
 """
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Mapping, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.detectors import (activation, distance, gradient, knn, layer, logit, openmax, rankfeat,
-                              weiper, zero_shot)
+from fi_jax.detectors import activation, distance, gradient, knn, logit, openmax, rankfeat, weiper
+from fi_jax.detectors import intermediate as layer
+from fi_jax.detectors import vision_language as zero_shot
+from fi_jax.detectors.core import Detector, Head, Outputs, scoring_rows
 from fi_jax.detectors.shared import active as shared_active
 from fi_jax.detectors.shared import shared
-from fi_jax.detectors.core import Detector, Head, Outputs, scoring_rows
 from fi_jax.detectors.stats import num_rows
 
 PRESETS = ("ninco", "openood")
@@ -81,6 +89,14 @@ def build(name: str, *, preset: Optional[str] = None, **hparams) -> Detector:
                      f"{sorted(hp) or 'none'}.")
   hp.update(hparams)
   return cls(**hp)
+
+
+def build_suite(names: Sequence[str], preset: Optional[str] = None,
+                hparams: Optional[Mapping[str, dict]] = None) -> dict[str, Detector]:
+  """{name: detector} for every name, each with `preset` and its own `hparams[name]`
+  overrides; fails fast (ValueError) on an unknown name, preset or hyper-parameter."""
+  hparams = dict(hparams or {})
+  return {name: build(name, preset=preset or None, **hparams.get(name, {})) for name in names}
 
 
 def _lookup(name: str) -> type[Detector]:
@@ -131,5 +147,6 @@ def load_state(path: str) -> dict:
   return out
 
 
-__all__ = ["Detector", "Head", "Outputs", "PRESETS", "REGISTRY", "build", "hparams_of",
-           "load_state", "names", "save_state", "shared", "shared_active"]
+__all__ = ["Detector", "Head", "Outputs", "PRESETS", "REGISTRY", "build", "build_suite", "hparams_of",
+           "load_state", "names", "num_rows", "save_state", "scoring_rows", "shared",
+           "shared_active"]

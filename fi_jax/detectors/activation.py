@@ -18,8 +18,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import core, shared, stats
-from fi_jax.detectors.core import (Detector, cdtype, check_number, check_percentile, check_seed,
-                                   fc, head_logits, head_state, matmul, require)
+from fi_jax.detectors.core import (
+  Detector,
+  cdtype,
+  check_number,
+  check_percentile,
+  check_seed,
+  fc,
+  head_logits,
+  head_state,
+  matmul,
+  require,
+)
 
 
 def _energy_of(h, state):

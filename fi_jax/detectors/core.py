@@ -17,14 +17,14 @@ import logging
 import math
 import numbers
 import threading
-from typing import ClassVar, Iterator, Optional
+from typing import Callable, ClassVar, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fi_jax.common.outputs import Head, Outputs
 from fi_jax.detectors import shared
-from fi_jax.outputs import Head, Outputs  # re-exported: detectors.core.Head / .Outputs
 
 HIGHEST = jax.lax.Precision.HIGHEST
 # Rows per call of a detector's jitted score: every set is scored in blocks of this many rows
@@ -174,6 +174,17 @@ class Detector(abc.ABC):
   # and the class whose fit this one equals (None: its own)
   score_only: ClassVar[frozenset] = frozenset()
   fit_family: ClassVar[Optional[type]] = None
+  # What the pipeline reads from a detector (declared here with defaults; the stages upstream
+  # read these attributes and nothing else):
+  # - "inputs" in `needs`: the detector scores the images during extraction (`score_inputs`);
+  #   with `fit_inputs` it also runs on the fit set and fits on what it computed there
+  #   (AdaSCALE: `predict_fn` instead of `logits_fn`), else the fit set skips it;
+  # - "layers" in `needs`: the reducers (`fi_jax.extract.layer_columns.REDUCERS`) whose
+  #   `layer/<reducer>/<block>` columns every set must carry;
+  # - `model_families`: the fi_jax model families (`config.model_name`) it works on; None: any.
+  fit_inputs: ClassVar[bool] = False
+  layer_reducers: ClassVar[tuple[str, ...]] = ()
+  model_families: ClassVar[Optional[tuple[str, ...]]] = None
 
   _jit_cache: ClassVar[dict] = {}
 
@@ -198,6 +209,17 @@ class Detector(abc.ABC):
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}({self.name!r}, {self.hparams})"
+
+  def score_inputs(self, state: dict, fn: Callable, images, *,
+                   input_std: Sequence[float] = (0.5, 0.5, 0.5)):
+    """Detectors with "inputs" in `needs` score the images inside the extraction step: `fn` is
+    the model's `logits_fn(images)` (or, with `fit_inputs`, `predict_fn(images) -> (logits,
+    features)`), `images` NHWC as the model expects them, `input_std` the per-channel std of
+    that input in [0, 1] pixel units. Returns [B] scores, or a dict of per-image arrays that
+    `fit`/`score` read back (`fit_inputs`). The others have nothing to compute here."""
+    del state, fn, images, input_std
+    raise TypeError(f"{self.name} does not score images ('inputs' is not in its needs); the "
+                    "pipeline calls score_inputs only for detectors that declare it.")
 
   # -- fitting
   def fit(self, train, head: Optional[Head] = None, *, nonfinite: str = "error") -> dict:

@@ -17,9 +17,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import (Detector, Outputs, cdtype, check_bool, check_choice,
-                                   check_number, check_seed, fc, l2_normalize, l2_normalize_jit,
-                                   log_max_softmax, matmul, require)
+from fi_jax.detectors.core import (
+  Detector,
+  Outputs,
+  cdtype,
+  check_bool,
+  check_choice,
+  check_number,
+  check_seed,
+  fc,
+  l2_normalize,
+  l2_normalize_jit,
+  log_max_softmax,
+  matmul,
+  require,
+)
 
 
 def _peek_classes(train, head) -> tuple[int, object]:

@@ -10,8 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import stats
-from fi_jax.detectors.core import (Detector, cdtype, check_number, fc, head_state,
-                                   log_max_softmax, matmul, require)
+from fi_jax.detectors.core import (
+  Detector,
+  cdtype,
+  check_number,
+  fc,
+  head_state,
+  log_max_softmax,
+  matmul,
+  require,
+)
 
 IMAGENET_STD = (0.229, 0.224, 0.225)
 

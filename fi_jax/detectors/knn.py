@@ -7,7 +7,7 @@ largest, NNGuide the sum of the k largest. Similarities are float32 inner produc
 precision (as faiss IndexFlatIP/L2), computed block by block: query blocks of `query_block` rows
 against bank blocks of about `bank_block` rows, so N_test x N_bank never exists whole.
 
-The selection is exact and sort-free (fi_jax.selection): each bank block's similarities are cut
+The selection is exact and sort-free (fi_jax.detectors.selection): each bank block's similarities are cut
 into groups and only the groups that can hold a query's k largest are kept (`top_groups`);
 the candidates of the next block are merged with them by the same selection, and one search
 over the final candidates gives every requested k (`group_order_stats`).
@@ -25,12 +25,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from fi_jax import selection
-from fi_jax.detectors import distance, shared, stats
-from fi_jax.detectors.core import (HIGHEST, Detector, Outputs, cdtype, check_number, check_seed,
-                                   energy, fc, l2_normalize, matmul, require)
+from fi_jax.detectors import distance, selection, shared, stats
+from fi_jax.detectors.core import (
+  HIGHEST,
+  Detector,
+  Outputs,
+  cdtype,
+  check_number,
+  check_seed,
+  energy,
+  fc,
+  l2_normalize,
+  matmul,
+  require,
+)
 
 _AXIS = "bank"
 _ROW_ALIGN = selection.MAX_GROUP   # bank rows per shard are a multiple of every group size

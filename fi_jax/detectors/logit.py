@@ -9,8 +9,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import (Detector, cdtype, check_choice, check_number, check_seed,
-                                   energy, fc, log_max_softmax, log_softmax, matmul, require)
+from fi_jax.detectors.core import (
+  Detector,
+  cdtype,
+  check_choice,
+  check_number,
+  check_seed,
+  energy,
+  fc,
+  log_max_softmax,
+  log_softmax,
+  matmul,
+  require,
+)
 
 
 class MSP(Detector):

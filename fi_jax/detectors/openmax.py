@@ -21,7 +21,6 @@ import numpy as np
 from fi_jax.detectors import stats
 from fi_jax.detectors.core import HIGHEST, Detector, Outputs, cdtype, fc, require
 
-
 _LIBMR_TOL = 1e-6                       # weibull_fit's `tol` in libMR 0.1.9
 
 

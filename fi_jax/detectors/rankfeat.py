@@ -25,8 +25,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fi_jax.detectors.core import (HIGHEST, Detector, check_bool, check_choice, check_number,
-                                   energy, fc, require)
+from fi_jax.detectors.core import (
+  HIGHEST,
+  Detector,
+  check_bool,
+  check_choice,
+  check_number,
+  energy,
+  fc,
+  require,
+)
 from fi_jax.models import resnet, resnetv2, vit
 
 SUPPORTED = ("resnet (fi_jax.models.resnet: torchvision / timm ResNet, ResNeXt, Wide ResNet)",

@@ -20,7 +20,7 @@ each, so an id cannot be reused while it is open):
 
 Results are identical to unshared calls (the same functions on the same inputs); outside the
 scope nothing is cached. A scope belongs to the thread that opened it: detectors running in
-another thread (fi_jax.ahead compiling ahead) have their own. Memory: the scope keeps what it memoised (fit states, scores, one
+another thread (fi_jax.run.compile_ahead compiling ahead) have their own. Memory: the scope keeps what it memoised (fit states, scores, one
 [N, number of k] per query set and bank) until it closes.
 """
 from __future__ import annotations

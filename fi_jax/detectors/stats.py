@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Iterable, Iterator, Optional
+from typing import Iterator, Optional
 
 import jax
 import jax.numpy as jnp

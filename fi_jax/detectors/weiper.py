@@ -16,8 +16,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.detectors import shared, stats
-from fi_jax.detectors.core import (Detector, bin_index, cdtype, check_head, fc, log_max_softmax,
-                                   matmul, require)
+from fi_jax.detectors.core import (
+  Detector,
+  bin_index,
+  cdtype,
+  check_head,
+  fc,
+  log_max_softmax,
+  matmul,
+  require,
+)
 
 
 def perturbed_head(w, b, *, repeats: int, delta: float, seed: int):

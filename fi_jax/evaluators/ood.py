@@ -30,7 +30,7 @@ predict_fn conventions (big_vision's `predict_fn(train_state, batch)`; only
   * two-tower `(zimg, ztxt, out)` when `zero_shot=` is given: the zero-shot head is built from
     class names and prompt templates with the model's own text tower and temperature/bias
     (`predict_fn(train_state, {"labels": tokens})`), as `main.py` builds it
-    (`fi_jax.models.zero_shot`); logits = zimg @ w + b, features = zimg.
+    (`fi_jax.models.zero_shot_head`); logits = zimg @ w + b, features = zimg.
 
 Sharding: parameters that are already sharded `jax.Array`s (train.py's train state, under its
 mesh) are used where they are; the batch is split over every device of that mesh. Unsharded
@@ -61,16 +61,23 @@ import collections
 import logging
 import re
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from fi_jax import data, detectors as det_lib   # aliased: `detectors` is an Evaluator argument
-from fi_jax import distributed, extract, pipeline, preprocess
-from fi_jax.models import tokenizers, zero_shot
+from fi_jax import detectors as det_lib
+from fi_jax import pipeline
+from fi_jax.common import distributed
+from fi_jax.data import loader as data
+from fi_jax.data import preprocess
+from fi_jax.data import specs as specs_lib
+from fi_jax.extract import forward as extract
+from fi_jax.models import zero_shot_head as zero_shot
+from fi_jax.models.text import tokenizers
 
 API = "jit"
 CACHE_MODES = ("none", "pipeline", "raw_data", "final_data")
@@ -94,10 +101,10 @@ def bv_pp(pp_fn: str) -> Callable[[dict], dict]:
     name = m.group(1) if m else part.strip()
     if name in LABEL_OPS:
       continue
-    if name not in preprocess._OPS:  # pylint: disable=protected-access
+    if name not in preprocess._OPS:
       raise ValueError(
           f"pp op {name!r} in {pp_fn!r} has no fi_jax counterpart; supported image ops: "
-          f"{sorted(preprocess._OPS)}, accepted and ignored label ops: "  # pylint: disable=protected-access
+          f"{sorted(preprocess._OPS)}, accepted and ignored label ops: "
           f"{list(LABEL_OPS)}.")
     kept.append(part)
   return preprocess.get_preprocess_fn("|".join(kept))
@@ -126,7 +133,7 @@ class Evaluator:
   def __init__(self, predict_fn: Callable, *, batch_size: int, devices: Sequence,
                pp_fn: Optional[str] = None, pp_img: Optional[str] = None,
                id_fit: Optional[dict] = None, id_test: Optional[dict] = None,
-               data: Optional[dict] = None,  # pylint: disable=redefined-outer-name
+               data: Optional[dict] = None,
                ood: Optional[dict] = None,
                detectors: Sequence[str] = ("msp", "maxlogit", "energy"),
                detector_preset: Optional[str] = "ninco", detector_hparams: Optional[dict] = None,
@@ -158,9 +165,9 @@ class Evaluator:
     self.batch_size = batch_size
     self.mesh = Mesh(np.asarray(self.devices), (distributed.DATA_AXIS,))
     self.pp = bv_pp(pp)
-    self.sets = pipeline.set_specs(_set_spec(id_fit), _set_spec(id_test),
+    self.sets = specs_lib.set_specs(_set_spec(id_fit), _set_spec(id_test),
                                    {k: _set_spec(v) for k, v in ood.items()})
-    self.detectors = pipeline.build_detectors(detectors, detector_preset, detector_hparams)
+    self.detectors = det_lib.build_suite(detectors, detector_preset, detector_hparams)
     self.features_key, self.head_path = features_key, head_path
     self.tpr, self.metric_keys = tpr, tuple(metric_keys)
     self.macro, self.n_bootstrap, self.seed = macro, int(n_bootstrap), seed
@@ -193,7 +200,7 @@ class Evaluator:
 
   def _predict_out(self, p, images):
     """(logits, features, the model's out dict or None): `_predict` plus what the layer
-    detectors read (fi_jax.layers finds the blocks in `out`, or the detectors fail)."""
+    detectors read (fi_jax.extract.layer_columns finds the blocks in `out`, or the detectors fail)."""
     out = self.predict_fn({"params": p["params"]}, {"image": images})
     if self.zero_shot is not None:        # two tower: (zimg, ztxt, out)
       zimg = out[0]
@@ -357,7 +364,7 @@ class Evaluator:
                          for r in rows for key in self.metric_keys
                          for k in (key, f"{key}_macro", f"{key}_ci_low", f"{key}_ci_high")
                          if k in r]
-      except Exception as e:  # pylint: disable=broad-except  (one detector must not sink training)
+      except Exception as e:  # one detector must not sink training
         errors[name] = f"{type(e).__name__}: {e}"
     for name in self.detectors:
       for item in results.get(name, []):

@@ -1,0 +1,10 @@
+"""Stage 2, models: one public file per model family (`vit`, `resnet`, `clip`, `two_towers`,
+...; found by `config.model_name`), each with `Model` and its own `load()`; `convert/` holds
+the key maps from timm / torchvision / HF / open_clip / DINOv2 files and the file readers;
+`text/` the text towers and tokenizers; `zero_shot_head` the zero-shot classifier head of
+two-tower models; `zoo` the table of released checkpoints. Modules starting with `_` are
+infrastructure (checkpoint trees, release names, position-embedding resampling, shared
+blocks, the predictor contract).
+
+May import: fi_jax.common, fi_jax.data.
+"""

@@ -32,7 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.models import posemb, releases, vit, zero_shot
+from fi_jax.models import _posemb as posemb
+from fi_jax.models import _releases as releases
+from fi_jax.models import vit
+from fi_jax.models import zero_shot_head as zero_shot
 from fi_jax.models.convert import openclip, readers
 from fi_jax.models.convert import torch_layers as tl
 
@@ -176,7 +179,7 @@ class _Model(nn.Module):
     return zimg, ztxt, out
 
 
-def Model(variant: Optional[str] = None, **kw) -> _Model:  # pylint: disable=invalid-name
+def Model(variant: Optional[str] = None, **kw) -> _Model:
   """`Model("B/16", act="quick_gelu")`; `image=`/`text=` dicts override single tower fields."""
   kw.pop("num_classes", None)   # the classifier of a CLIP model is its zero-shot head
   base = decode_variant(variant)

@@ -19,9 +19,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fi_jax import preprocess
-from fi_jax.models.convert import readers
+from fi_jax.data import preprocess
 from fi_jax.models.convert import convnext as convert
+from fi_jax.models.convert import readers
 
 # variant: module keyword arguments (ConvNeXt paper, Table 9; same in torchvision and timm).
 ARCHS: dict[str, dict] = {
@@ -141,7 +141,7 @@ def _arch(variant: str) -> dict:
   return ARCHS[name]
 
 
-def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> _Model:  # pylint: disable=invalid-name
+def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> _Model:
   """`Model(1000, variant="convnext_tiny")`; `kw` overrides ARCHS (depths, dims, dtype...).
   A `source` key (which layout `load` reads) is accepted and ignored: both compute the same."""
   kw.pop("source", None)

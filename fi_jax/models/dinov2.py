@@ -33,8 +33,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fi_jax.models import posemb, releases, vit
-from fi_jax.models.checkpoints import CheckpointError
+from fi_jax.models import _posemb as posemb
+from fi_jax.models import _releases as releases
+from fi_jax.models import vit
+from fi_jax.models._checkpoints import CheckpointError
 from fi_jax.models.convert import dinov2 as convert
 from fi_jax.models.convert import torch_layers as tl
 
@@ -139,7 +141,7 @@ class _Model(nn.Module):
 
 
 def Model(num_classes: Optional[int] = None, *, variant: Optional[str] = None,
-          **kw) -> _Model:  # pylint: disable=invalid-name
+          **kw) -> _Model:
   """`Model(1000, variant="B/14", num_registers=4, head_layers=4)`."""
   return _Model(num_classes, **{**decode_variant(variant), **kw})
 

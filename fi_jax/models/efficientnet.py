@@ -28,10 +28,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fi_jax import preprocess
-from fi_jax.models import checkpoints, layers
-from fi_jax.models.convert import readers
+from fi_jax.data import preprocess
+from fi_jax.models import _blocks as layers
+from fi_jax.models import _checkpoints as checkpoints
 from fi_jax.models.convert import efficientnet as convert
+from fi_jax.models.convert import readers
 
 # One block: (kind, kernel, stride, in_chs, mid_chs, out_chs, se_chs, residual).
 Block = tuple
@@ -381,7 +382,7 @@ class _Model(nn.Module):
 
 
 def Model(num_classes: Optional[int] = 1000, *, variant: Optional[str] = None,
-          **kw) -> _Model:  # pylint: disable=invalid-name
+          **kw) -> _Model:
   """`Model(1000, variant="efficientnet_b0")` (torchvision) or `variant="timm/tf_efficientnet_b0"`;
   without a variant, `kw` gives the architecture (from `torchvision_arch` / `timm_arch`)."""
   if variant is not None:

@@ -21,11 +21,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fi_jax.models import _blocks as layers
+from fi_jax.models._pretrained import torchvision as _tv
 from fi_jax.models.convert import readers
-from fi_jax.models import layers
 from fi_jax.models.convert import regnet as convert_regnet
 from fi_jax.models.convert import resnet as convert_resnet
-from fi_jax.models.pretrained import torchvision as _tv
 
 # variant -> RegNet fields: torchvision's BlockParams.from_init_params(depth, w_0, w_a, w_m,
 # group_width, se_ratio), expanded per stage (all strides 2, bottleneck multiplier 1).
@@ -191,7 +191,7 @@ class RegNet(nn.Module):
     return x, out
 
 
-def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> RegNet:  # pylint: disable=invalid-name
+def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> RegNet:
   """`Model(1000, variant="regnet_y_16gf")`; `kw` overrides ARCHS fields (e.g. dtype)."""
   if variant not in ARCHS:
     raise ValueError(f"Unknown RegNet variant {variant!r}; known: {sorted(ARCHS)}.")

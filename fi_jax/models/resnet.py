@@ -22,10 +22,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fi_jax import preprocess
-from fi_jax.models import checkpoints
+from fi_jax.models import _blocks as layers
+from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import readers
-from fi_jax.models import layers, pretrained
 from fi_jax.models.convert import resnet as convert_resnet
 
 _BOTTLENECK, _BASIC = "bottleneck", "basic"
@@ -279,7 +278,7 @@ class ResNet(nn.Module):
     return x, out
 
 
-def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> ResNet:  # pylint: disable=invalid-name
+def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> ResNet:
   """`Model(1000, variant="resnet50")`; `kw` overrides ARCHS fields (e.g. dtype)."""
   if variant not in ARCHS:
     raise ValueError(f"Unknown ResNet variant {variant!r}; known: {sorted(ARCHS)}.")

@@ -23,11 +23,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fi_jax.models import _blocks as layers
+from fi_jax.models._pretrained import timm as _timm
 from fi_jax.models.convert import readers
-from fi_jax.models import layers
 from fi_jax.models.convert import resnet as convert_resnet
 from fi_jax.models.convert import resnetv2 as convert_resnetv2
-from fi_jax.models.pretrained import timm as _timm
 
 ARCHS: dict[str, dict] = {
     "resnetv2_50x1_bit": dict(depths=(3, 4, 6, 3), width_factor=1),
@@ -181,7 +181,7 @@ class ResNetV2(nn.Module):
     return x, out
 
 
-def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> ResNetV2:  # pylint: disable=invalid-name
+def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> ResNetV2:
   """`Model(1000, variant="resnetv2_50x1_bit")`; `kw` overrides ARCHS fields (e.g. dtype)."""
   if variant not in ARCHS:
     raise ValueError(f"Unknown ResNetV2 variant {variant!r}; known: {sorted(ARCHS)}.")

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax import preprocess
+from fi_jax.data import preprocess
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import swin as convert
 
@@ -398,7 +398,7 @@ def _arch(variant: str) -> dict:
   return ARCHS[name]
 
 
-def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> _Model:  # pylint: disable=invalid-name
+def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> _Model:
   """`Model(1000, variant="swin_t")`; `kw` overrides ARCHS (embed_dim, depths, window_size,
   img_size, source, dtype...)."""
   return _Model(num_classes, **{**_arch(variant), **kw})

@@ -1,7 +1,7 @@
 """Two-tower image-text model (SigLIP, SigLIP 2) in big_vision's layout.
 
 `Model(image=..., text=..., out_dim=(None, 768), bias_init=-10.)` holds an image tower `img`
-(fi_jax.models.vit) and a text tower `txt` (fi_jax.models.text_transformer), the log
+(fi_jax.models.vit) and a text tower `txt` (fi_jax.models.text.transformer), the log
 temperature `t` and, with `bias_init`, the bias `b`. `apply({'params': p}, images, tokens)`
 returns `(zimg, ztxt, out)` with L2-normalised embeddings; either input may be None. SigLIP's
 pairwise logit is `zimg @ ztxt.T * exp(t) + b`.
@@ -19,17 +19,25 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.models import checkpoints as ckpt
-from fi_jax.models import releases, text_transformer, vit, zero_shot
+from fi_jax.common.outputs import Head
+from fi_jax.models import _checkpoints as ckpt
+from fi_jax.models import _releases as releases
+from fi_jax.models import vit
+from fi_jax.models import zero_shot_head as zero_shot
 from fi_jax.models.convert import hf_siglip, readers
 from fi_jax.models.convert import torch_layers as tl
-from fi_jax.outputs import Head
+from fi_jax.models.text import transformer as text_transformer
 
 # --------------------------------------------------------------------------- model
 
+# big_vision's tower names -> fi_jax.models modules (the text tower lives in models/text/)
+_TOWERS = {"text_transformer": "text.transformer"}
+
+
 def _module(name: str):
   """'vit' / 'proj.image_text.text_transformer' (big_vision names) -> fi_jax.models module."""
-  return importlib.import_module(f"fi_jax.models.{name.rsplit('.', 1)[-1]}")
+  leaf = name.rsplit(".", 1)[-1]
+  return importlib.import_module(f"fi_jax.models.{_TOWERS.get(leaf, leaf)}")
 
 
 class Model(nn.Module):

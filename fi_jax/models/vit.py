@@ -24,8 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.models import checkpoints as ckpt
-from fi_jax.models import posemb, pretrained, releases
+from fi_jax.models import _checkpoints as ckpt
+from fi_jax.models import _posemb as posemb
+from fi_jax.models import _pretrained as pretrained
+from fi_jax.models import _releases as releases
 from fi_jax.models.convert import hf_siglip, naflex, readers, timm_vit, torchvision_vit
 from fi_jax.models.convert import torch_layers as tl
 
@@ -454,7 +456,7 @@ PRETRAINED: dict[str, dict] = {
 }
 
 
-def Model(num_classes: Optional[int] = None, *, variant: Optional[str] = None, **kw) -> _Model:  # pylint: disable=invalid-name
+def Model(num_classes: Optional[int] = None, *, variant: Optional[str] = None, **kw) -> _Model:
   """Factory as in big_vision: `Model(1000, variant="B/16", pool_type="tok")`; `variant` may
   also name a torchvision / timm architecture (ARCHS, e.g. "vit_b_16", "deit3_base_patch16_224").
   `dtype` ('float32' / 'bfloat16', the zoo's name) sets `dtype_mm`."""

@@ -3,14 +3,10 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from etils import epath
 import tensorflow_datasets as tfds
+from etils import epath
 
-from tfds_fi_imagenet import archives
-from tfds_fi_imagenet import builder
-from tfds_fi_imagenet import imagenet_val
-from tfds_fi_imagenet import members
-from tfds_fi_imagenet import ood_classes
+from tfds_fi_imagenet import archives, builder, imagenet_val, members, ood_classes
 
 VAL_TAR = "ILSVRC2012_img_val.tar"
 VAL_DIR = "ILSVRC2012_img_val"

@@ -3,12 +3,10 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from etils import epath
 import tensorflow_datasets as tfds
+from etils import epath
 
-from tfds_fi_imagenet import archives
-from tfds_fi_imagenet import builder
-from tfds_fi_imagenet import images
+from tfds_fi_imagenet import archives, builder, images
 
 URL = "http://pages.cs.wisc.edu/~huangrui/imagenet_ood_dataset/iNaturalist.tar.gz"
 # Published MD5 of iNaturalist.tar.gz (as used by the pytorch-ood MOS loader); the SHA-256

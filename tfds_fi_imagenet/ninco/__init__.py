@@ -1,0 +1,2 @@
+"""The `ninco` TFDS builder: `ninco_dataset_builder.py`, its dummy data, checksums and
+citation (docs/data.md)."""

@@ -4,13 +4,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator
 
-from etils import epath
 import tensorflow_datasets as tfds
+from etils import epath
 
-from tfds_fi_imagenet import archives
-from tfds_fi_imagenet import builder
-from tfds_fi_imagenet import images
-from tfds_fi_imagenet import ood_classes
+from tfds_fi_imagenet import archives, builder, images, ood_classes
 
 URL = "https://zenodo.org/record/8013288/files/NINCO_all.tar.gz"
 # Published MD5 of NINCO_all.tar.gz (as used by the pytorch-ood NINCO loader); TFDS's

@@ -3,13 +3,10 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from etils import epath
 import tensorflow_datasets as tfds
+from etils import epath
 
-from tfds_fi_imagenet import archives
-from tfds_fi_imagenet import builder
-from tfds_fi_imagenet import images
-from tfds_fi_imagenet import ood_classes
+from tfds_fi_imagenet import archives, builder, images, ood_classes
 
 URL = "https://www.robots.ox.ac.uk/~vgg/data/dtd/download/dtd-r1.0.1.tar.gz"
 # The four DTD classes that coincide with ImageNet-1k classes, left out by ViM/OpenOOD.

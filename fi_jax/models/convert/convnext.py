@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from fi_jax.models import checkpoints
+from fi_jax.models import _checkpoints as checkpoints
 from fi_jax.models.convert import keymap
 
 HINT = ("ConvNeXt weights: torchvision https://download.pytorch.org/models/convnext_<size>-"

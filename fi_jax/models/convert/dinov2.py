@@ -7,10 +7,10 @@ from typing import Mapping
 
 import numpy as np
 
-from fi_jax.models.checkpoints import CheckpointError
+from fi_jax.models._checkpoints import CheckpointError
+from fi_jax.models._releases import DINOV2_DOWNLOAD_HINT
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import torch_layers as tl
-from fi_jax.models.releases import DINOV2_DOWNLOAD_HINT
 
 # torch sub-module of one block -> vit.Encoder1DBlock target (see tl.convert_block); w12 / w3
 # are the fused SwiGLU projections of the giant model.

@@ -12,7 +12,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from fi_jax.models.checkpoints import CheckpointError, recover_tree
+from fi_jax.models._checkpoints import CheckpointError, recover_tree
 
 _BN = {"weight": "scale", "bias": "bias", "running_mean": "mean", "running_var": "var"}
 _SKIP = ("num_batches_tracked",)

@@ -7,7 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
-from fi_jax.models.checkpoints import CheckpointError, recover_tree
+from fi_jax.models._checkpoints import CheckpointError, recover_tree
 from fi_jax.models.convert import torch_layers as tl
 
 # torch sub-module of one HF encoder layer -> vit.Encoder1DBlock target (see tl.convert_block).

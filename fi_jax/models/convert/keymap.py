@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from fi_jax.models import checkpoints
+from fi_jax.models import _checkpoints as checkpoints
 
 Transform = Callable[[np.ndarray], np.ndarray]
 

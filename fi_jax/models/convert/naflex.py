@@ -5,8 +5,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fi_jax.models import posemb
-from fi_jax.models.checkpoints import CheckpointError
+from fi_jax.models import _posemb as posemb
+from fi_jax.models._checkpoints import CheckpointError
 
 
 def to_fixed_resolution(tree: dict, init_params: Mapping[str, Any]) -> dict:

@@ -6,9 +6,9 @@ from typing import Mapping
 
 import numpy as np
 
-from fi_jax.models.checkpoints import CheckpointError
+from fi_jax.models._checkpoints import CheckpointError
+from fi_jax.models._releases import CLIP_DOWNLOAD_HINT
 from fi_jax.models.convert import torch_layers as tl
-from fi_jax.models.releases import CLIP_DOWNLOAD_HINT
 
 # torch sub-module of one resblock -> vit.Encoder1DBlock target (see tl.convert_block).
 BLOCK_NAMES = {"ln_1": "LayerNorm_0", "ln_2": "LayerNorm_1", "attn.in_proj": "qkv",

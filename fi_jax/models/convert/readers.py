@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional
 import ml_dtypes
 import numpy as np
 
-from fi_jax.models.checkpoints import CheckpointError, Flat, flatten, recover_tree, tree_get
+from fi_jax.models._checkpoints import CheckpointError, Flat, flatten, recover_tree, tree_get
 from fi_jax.models.convert import torch_pickle
 
 

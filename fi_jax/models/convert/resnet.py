@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from fi_jax.models import checkpoints
+from fi_jax.models import _checkpoints as checkpoints
 
 CheckpointError = checkpoints.CheckpointError
 

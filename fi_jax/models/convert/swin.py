@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from fi_jax.models import checkpoints
+from fi_jax.models import _checkpoints as checkpoints
 from fi_jax.models.convert import keymap
 
 HINT = ("Swin weights: torchvision https://download.pytorch.org/models/swin_<t|s|b|v2_t|...>-"

@@ -14,7 +14,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from fi_jax.models.checkpoints import CheckpointError, flatten, recover_tree
+from fi_jax.models._checkpoints import CheckpointError, flatten, recover_tree
 from fi_jax.models.convert import torch_layers as tl
 
 # torch sub-module of one timm block -> vit.Encoder1DBlock target (see tl.convert_block).

@@ -14,8 +14,13 @@ from typing import Any, Mapping, Optional, Sequence
 import jax
 import numpy as np
 
-from fi_jax.models.checkpoints import (CheckpointError, flatten, match_scan, merge_params,
-                                       recover_tree)
+from fi_jax.models._checkpoints import (
+  CheckpointError,
+  flatten,
+  match_scan,
+  merge_params,
+  recover_tree,
+)
 
 _LOG = logging.getLogger(__name__)
 MHA = "MultiHeadDotProductAttention_0"

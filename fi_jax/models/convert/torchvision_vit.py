@@ -15,7 +15,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from fi_jax.models.checkpoints import recover_tree
+from fi_jax.models._checkpoints import recover_tree
 from fi_jax.models.convert import torch_layers as tl
 
 BLOCK_NAMES = {"ln_1": "LayerNorm_0", "ln_2": "LayerNorm_1", "self_attention.in_proj": "qkv",

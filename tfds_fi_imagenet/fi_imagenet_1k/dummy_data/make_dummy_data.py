@@ -10,7 +10,7 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from tfds_fi_imagenet import testing  # pylint: disable=g-import-not-at-top
+from tfds_fi_imagenet import testing
 
 OOD_LIST = """\
 image,ood_class

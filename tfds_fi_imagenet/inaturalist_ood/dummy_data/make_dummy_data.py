@@ -9,7 +9,7 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from tfds_fi_imagenet import testing  # pylint: disable=g-import-not-at-top
+from tfds_fi_imagenet import testing
 
 NAMES = ["0a1b2c3d4e5f60718293a4b5c6d7e8f9.jpg", "1f0e1d2c3b4a59687766554433221100.jpg",
          "ffeeddccbbaa99887766554433221100.jpg"]

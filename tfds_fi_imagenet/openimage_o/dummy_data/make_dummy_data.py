@@ -9,7 +9,7 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from tfds_fi_imagenet import testing  # pylint: disable=g-import-not-at-top
+from tfds_fi_imagenet import testing
 
 TEST = ["images/0a1b2c3d4e5f6071.jpg", "images/1b2c3d4e5f607182.jpg",
         "images/2c3d4e5f60718293.jpg"]

@@ -9,7 +9,7 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from tfds_fi_imagenet import testing  # pylint: disable=g-import-not-at-top
+from tfds_fi_imagenet import testing
 
 LISTED = ["n00000001/n00000001_1.JPEG", "n00000001/n00000001_2.JPEG",
           "n00000002/n00000002_1.JPEG", "n00000002/n00000002_7.JPEG"]

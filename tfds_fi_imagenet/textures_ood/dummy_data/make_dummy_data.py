@@ -10,7 +10,7 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from tfds_fi_imagenet import testing  # pylint: disable=g-import-not-at-top
+from tfds_fi_imagenet import testing
 
 NAMES = ["banded/banded_0001.jpg", "banded/banded_0002.jpg", "bubbly/bubbly_0038.jpg",
          "zigzagged/zigzagged_0001.jpg", "zigzagged/zigzagged_0002.jpg"]

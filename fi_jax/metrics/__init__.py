@@ -1,0 +1,17 @@
+"""Stage 5, metrics: the in-device OOD metrics with bootstrap CIs (`device`, one jitted program
+per set size), the numpy reference implementation the report's plots and tests use
+(`reference`) and the paired bootstrap of two detectors on the same images (`paired`).
+
+May import: fi_jax.common, fi_jax.data, fi_jax.models, fi_jax.extract, fi_jax.detectors.
+"""
+from fi_jax.metrics.device import (
+                                   METRICS,
+                                   bootstrap_indices,
+                                   classification_accuracy,
+                                   ood_metrics,
+                                   ood_metrics_and_table,
+                                   per_group_metrics,
+)
+
+__all__ = ["METRICS", "bootstrap_indices", "classification_accuracy", "ood_metrics",
+           "ood_metrics_and_table", "per_group_metrics"]

@@ -1,0 +1,219 @@
+"""The results schema: what `results.json` holds, the one definition that the run's writer
+(fi_jax.run.benchmark), the report's files and tables, `compare` and the leaderboard use.
+
+    {"schema": SCHEMA_VERSION,
+     "meta": Meta,                 # config, versions, set sizes, timings, model label, ...
+     "id_accuracy": float | None,  # top-1 on the ID test set (None: no labels)
+     "rows": [Row, ...],           # one per (model, detector, ID set, OOD set)
+     "failed": [Failure, ...]}     # one per detector that raised or gave non-finite scores
+
+Metric values are fractions in [0, 1]; a missing or non-finite value is `null` in the file.
+A new metric is one function in fi_jax.metrics and one entry of `METRICS` here (its `_macro`
+and `_ci_low`/`_ci_high` fields follow); `check_row` rejects a row field the schema does not
+name, so a metric cannot reach the files without being declared.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping, Optional, Sequence, TypedDict
+
+SCHEMA_VERSION = 1
+KEY_COLUMNS = ("model", "detector", "id_set", "ood_set")
+# every per-row metric (fractions); each also has `<m>_macro` (mean over OOD classes, with
+# groups) and `<m>_ci_low` / `<m>_ci_high` (bootstrap percentile CI, with n_bootstrap > 0)
+METRICS = ("auroc", "fpr95", "fpr95_ood_positive", "fpr95_ninco", "aupr_in", "aupr_out",
+           "detection_error", "tnr95")
+# the row's counts and settings
+COUNT_FIELDS = ("n_id", "n_ood", "n_ood_groups", "n_bootstrap")
+SETTING_FIELDS = ("tpr", "ci_level")
+# fields of a per-class table (`Row.per_class`, per_class/*.csv) that are integers
+INT_FIELDS = COUNT_FIELDS + ("group",)
+
+
+class Row(TypedDict, total=False):
+  """One (model, detector, ID set, OOD set) row; the metric fields are those of `METRICS`
+  (with `_macro`, `_ci_low`, `_ci_high` variants, see `row_fields`)."""
+  model: str
+  detector: str
+  id_set: str
+  ood_set: str
+  auroc: float
+  fpr95: float
+  fpr95_ood_positive: float
+  fpr95_ninco: float
+  aupr_in: float
+  aupr_out: float
+  detection_error: float
+  tnr95: float
+  n_id: int
+  n_ood: int
+  n_ood_groups: int
+  n_bootstrap: int
+  tpr: float
+  ci_level: float
+  per_class: dict   # in memory only: {group, n_ood, <metric>: [per OOD class]} -> per_class/
+
+
+class Failure(TypedDict):
+  detector: str
+  failed: str   # "<ExceptionType>: <message>"
+
+
+class Meta(TypedDict, total=False):
+  config: dict
+  workdir: str
+  versions: dict
+  platform: str
+  xla_flags: str
+  devices: list
+  process_count: int
+  set_sizes: dict          # {set name: rows}
+  ood_sets: list           # OOD set names in configured order
+  random_init: bool
+  model_label: str
+  model_name: str
+  checkpoint: list
+  timings_s: dict
+  detector_errors: dict    # {detector: reason} (the same as `failed`)
+  nonfinite_dropped: dict  # {set name: rows dropped} with nonfinite="drop"
+  group_names: dict        # {OOD set: [class name per group id]}
+  predicted_as: dict       # {OOD set: {group id: {class, class_id, share}}}
+  plot_error: str
+
+
+class Results(TypedDict):
+  schema: int
+  meta: Meta
+  id_accuracy: Optional[float]
+  rows: list
+  failed: list
+
+
+class ResultsError(ValueError):
+  """A results.json that cannot be read or does not follow the schema."""
+
+
+def row_fields() -> tuple[str, ...]:
+  """Every field a row may have (`per_class` aside)."""
+  derived = tuple(f"{m}{s}" for m in METRICS for s in ("_macro", "_ci_low", "_ci_high"))
+  return KEY_COLUMNS + METRICS + derived + COUNT_FIELDS + SETTING_FIELDS
+
+
+_ROW_FIELDS = frozenset(row_fields()) | {"per_class"}
+
+
+def check_row(row: Mapping) -> None:
+  """ValueError naming the row when a key column is missing or a field is not in the schema."""
+  missing = [k for k in KEY_COLUMNS if k not in row]
+  unknown = sorted(set(row) - _ROW_FIELDS)
+  if missing or unknown:
+    what = "/".join(str(row.get(k, "?")) for k in KEY_COLUMNS)
+    raise ValueError(f"results row {what}: " + "; ".join(
+        ([f"missing {missing}"] if missing else [])
+        + ([f"fields {unknown} are not in fi_jax.report.schema (declare a new metric in "
+            f"METRICS)"] if unknown else [])))
+
+
+def make(meta: Mapping, id_accuracy: Optional[float], rows: Sequence[Mapping],
+         failed: Sequence[Mapping]) -> Results:
+  """A run's results, every row checked against the schema."""
+  for r in rows:
+    check_row(r)
+  return {"schema": SCHEMA_VERSION, "meta": dict(meta), "id_accuracy": id_accuracy,
+          "rows": list(rows), "failed": [dict(f) for f in failed]}
+
+
+def jsonable(x: Any) -> Any:
+  """numpy / jax values as plain Python; NaN and inf as None (JSON has neither)."""
+  if isinstance(x, dict):
+    return {str(k): jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [jsonable(v) for v in x]
+  if hasattr(x, "tolist"):   # numpy / jax scalars and arrays
+    return jsonable(x.tolist())
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  return x
+
+
+def load(workdir: str) -> Results:
+  """`<workdir>/results.json` checked against the schema; ResultsError naming the file (and
+  what is wrong) otherwise. Results written before the schema version existed are read too."""
+  path = os.path.join(workdir, "results.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{workdir} has no results.json; run main.py with "
+                            f"--workdir={workdir} first.")
+  try:
+    with open(path, encoding="utf-8") as f:
+      res = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ResultsError(f"{path}: not a readable results file ({type(e).__name__}: {e}); rerun "
+                       "that workdir's config to rewrite it.") from None
+  problems = []
+  if not isinstance(res, dict):
+    problems.append(f"a JSON {type(res).__name__}, not an object")
+  else:
+    if res.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
+      problems.append(f"schema version {res.get('schema')!r}, this fi_jax reads "
+                      f"{SCHEMA_VERSION}")
+    if not isinstance(res.get("meta", {}), dict):
+      problems.append("'meta' is not an object")
+    rows = res.get("rows")
+    if not isinstance(rows, list):
+      problems.append("no 'rows' list")
+    else:
+      for i, r in enumerate(rows):
+        if not isinstance(r, dict) or any(not isinstance(r.get(k), str) for k in KEY_COLUMNS):
+          problems.append(f"row {i} lacks the key columns {list(KEY_COLUMNS)}")
+          break
+    if not isinstance(res.get("failed", []), list):
+      problems.append("'failed' is not a list")
+  if problems:
+    raise ResultsError(f"{path}: " + "; ".join(problems) + ".")
+  res.setdefault("meta", {})
+  res.setdefault("failed", [])
+  res.setdefault("id_accuracy", None)
+  return res
+
+
+def lower_is_better(key: str) -> bool:
+  """FPRs and errors are better low; AUROC / AUPR / TNR high."""
+  return key.startswith("fpr") or "error" in key
+
+
+def model_label(results: Mapping) -> str:
+  """The run's model label (meta, else the config's, else the model family name)."""
+  meta = results.get("meta", {})
+  return (meta.get("model_label") or meta.get("config", {}).get("model_label")
+          or meta.get("model_name", ""))
+
+
+def ood_sets(results: Mapping) -> list[str]:
+  """The OOD sets in configured order (meta `ood_sets`, else order of first appearance)."""
+  order = list(results.get("meta", {}).get("ood_sets") or [])
+  for r in results.get("rows", []):
+    if r["ood_set"] not in order:
+      order.append(r["ood_set"])
+  return order
+
+
+def failures(results: Mapping) -> list[dict]:
+  """[{"detector", "failed": reason}]: the results' `failed` list (or meta.detector_errors)."""
+  if results.get("failed") is not None:
+    return list(results["failed"])
+  errors = results.get("meta", {}).get("detector_errors") or {}
+  return [{"detector": k, "failed": v} for k, v in errors.items()]
+
+
+def configured_detectors(results: Mapping) -> list[str]:
+  """Every detector the config names (else the ones with rows), in configured order."""
+  names = list(results.get("meta", {}).get("config", {}).get("detectors") or [])
+  for r in results.get("rows", []):
+    if r["detector"] not in names:
+      names.append(r["detector"])
+  for f in failures(results):
+    if f["detector"] not in names:
+      names.append(f["detector"])
+  return names

@@ -1,0 +1,342 @@
+"""The benchmark run: config -> model -> sets -> extract -> detectors -> metrics -> report.
+
+`run(config, workdir)` is what `main.py` calls. The stages (sets, extraction, detectors,
+metric rows) are fi_jax/pipeline.py, shared with the big_vision evaluator; this module adds
+what a benchmark run needs around them:
+  0. preflight (fi_jax/run/preflight.py): every set, checkpoint and tokenizer is checked in
+     seconds, all problems reported at once, before anything is computed;
+  1. model: `fi_jax.models.<config.model_name>` builds `Model(**config.model)`, loads
+     `config.model_init` (or trains on `config.train`, the demo), and gives a predictor
+     images -> (logits, penultimate features) plus the classifier `Head`;
+  2. extract: every set (`id_fit`, `id_test`, each of `ood`) through the jitted, sharded
+     forward, cached per set under `<workdir>/cache` (see fi_jax/extract/cache.py);
+  3. detectors: each configured detector is fitted on the ID fit set and scores the ID test
+     set and every OOD set;
+  4. metrics and report: one row per (model, detector, ID set, OOD set) in
+     results.json / results.csv / results.md, per-example scores, plots (fi_jax/report.py).
+With every set `source="features"` (fi_jax/extract/own_features.py) steps 1-2 read arrays from files.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
+
+from fi_jax import detectors, pipeline, report
+from fi_jax.common import distributed
+from fi_jax.data import loader as data
+from fi_jax.data import preprocess
+from fi_jax.data import specs as specs_lib
+from fi_jax.extract import cache
+from fi_jax.extract import own_features as features
+from fi_jax.report import schema
+from fi_jax.run import compile_ahead as ahead_lib
+from fi_jax.run import preflight, validate
+from fi_jax.run.model import (
+  LazyModel,
+  cached_head,
+  checkpoint_meta,
+  log_on_process_0,
+  model_key,
+  model_label,
+  to_dict,
+)
+
+Log = Callable[[str], None]
+
+
+
+# ----------------------------------------------------------------------------- sets
+
+def config_specs(config) -> dict[str, dict]:
+  """`specs.set_specs` of `config.id_fit`, `config.id_test`, `config.ood` (in
+  `config.ood_order`)."""
+  return specs_lib.set_specs(to_dict(config.id_fit), to_dict(config.id_test),
+                             to_dict(config.ood), tuple(config.get("ood_order") or ()))
+
+
+def set_path(config, workdir: str, name: str, spec: dict, columns) -> str:
+  """The cache entry of a set's arrays (with several processes: the folder of their parts);
+  `columns`: pipeline.column_names of the set."""
+  return (cache.set_dir(os.path.join(workdir, "cache"), model_key(config), name) + "-"
+          + cache.key_of(spec, sorted(columns)))
+
+
+def extract_cached(config, model: LazyModel, workdir: str, log: Log, dets: dict,
+                 ahead: Optional[ahead_lib.CompileAhead] = None,
+                 ) -> dict[str, dict[str, np.ndarray]]:
+  """Features/logits of every set, from the cache or by running the model (then cached). A set's
+  cache key includes its column names (input scorers, layer reducers: pipeline.column_names),
+  so a set extracted with other columns is another entry.
+
+  With several processes each process gets, loads and caches only its own rows of each set
+  (`cache.part`); `pipeline.collect_sets` brings them together on process 0.
+
+  With `ahead` (one process), the forwards, metrics and detectors compile in its thread while
+  the model trains (fi_jax.run.compile_ahead); the caller's detector stage claims the detectors from it
+  (`ahead.claim`) and calls `ahead.finish()` after."""
+  path = lambda name, spec, columns: set_path(config, workdir, name, spec, columns)
+  own = lambda p: cache.part(p, jax.process_index(), jax.process_count())
+
+  def load(name, spec, columns):
+    p = path(name, spec, columns)
+    cached = cache.load(own(p), log=log) if config.get("cache", True) else None
+    if cached is not None:
+      mine = " (this process's rows)" if jax.process_count() > 1 else ""
+      log(f"{name}: {len(cached['logits'])} examples{mine} from cache {p}")
+    return cached
+
+  def save(name, spec, columns, arrays, seconds):
+    cache.save(own(path(name, spec, columns)), arrays,   # each process its own rows
+               {"set": name, "spec": spec, "seconds": seconds,
+                "process": [jax.process_index(), jax.process_count()]})
+
+  def shard_root(name, spec, columns, batch_size, shard_size):
+    # shard boundaries are runs of global batches: they move with these
+    return (path(name, spec, columns) + ".shards-"
+            + cache.key_of(batch_size, shard_size, jax.process_count()))
+
+  specs, forwards = config_specs(config), {}
+  common = dict(pp_fn=preprocess.get_preprocess_fn(config.pp), batch_size=config.batch_size,
+                mesh=distributed.data_mesh(),
+                input_std=config.get("input_std", (0.5, 0.5, 0.5)))
+  if ahead is not None and jax.process_count() == 1:
+    model.on_train_start = lambda predict, params, head: ahead.start(
+        specs, dets, predict, params, head, forwards, hold=True, metric_kw=metric_kwargs(config),
+        nonfinite=config.get("nonfinite", "error"), **common)
+  return pipeline.extract_sets(
+      specs, lambda: model.get()[:2], dets, log=log, load=load, save=save,
+      shard_size=config.get("cache_shard_size", 0),
+      shard_root=shard_root if config.get("cache", True) else None, forwards=forwards, **common)
+
+
+def metric_kwargs(config) -> dict[str, Any]:
+  """`pipeline.metric_rows` keyword arguments from `config.metrics` (tpr, per_group,
+  n_bootstrap) and the seed."""
+  mcfg = to_dict(config.get("metrics", {}))
+  return dict(tpr=mcfg.get("tpr", 0.95), per_group=mcfg.get("per_group", True),
+              n_bootstrap=mcfg.get("n_bootstrap", 0), seed=config.seed)
+
+
+# ----------------------------------------------------------------------------- detectors
+
+def config_detectors(config) -> dict[str, Any]:
+  """{name: detector} of `config.detectors` with the preset and per-detector hparams."""
+  return detectors.build_suite(config.detectors, config.get("detector_preset") or None,
+                                  to_dict(config.get("detector_hparams", {})))
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def feature_sets(config, specs: dict[str, dict], dets: dict):
+  """(sets, head, model_meta) of a config whose sets are all `source="features"` (arrays
+  extracted elsewhere, see fi_jax/extract/own_features.py): no model, no extraction, no cache."""
+  scorers = [n for n, d in dets.items() if "inputs" in d.needs]
+  if scorers:
+    raise ValueError(f"Detector(s) {scorers} score the images themselves and cannot run on "
+                     "features read from files; drop them from config.detectors.")
+  head = features.load_head(config.head) if config.get("head") else None
+  sets = features.load_sets(specs, head)
+  return sets, head, {"model_name": config.get("model_name", "features"),
+                      "source": "features", "head": config.get("head") or None}
+
+
+def _kept_sets(workdir: str) -> int:
+  """How many finished sets the feature cache holds (for the Ctrl-C line)."""
+  root = os.path.join(workdir, "cache")
+  return sum("meta.json" in files for _, _, files in os.walk(root))
+
+
+def report_extras(specs: dict[str, dict], sets: dict) -> dict:
+  """meta additions for the report: OOD class names of every OOD set with groups, and the ID
+  class each OOD class is most often predicted as (argmax of the logits)."""
+  id_names = data.class_names(specs["id_test"])
+  names, predicted = {}, {}
+  for set_name, spec in specs.items():
+    if not set_name.startswith("ood/"):
+      continue
+    ood = set_name[len("ood/"):]
+    groups = sets[set_name].get("group")
+    if groups is None or not (np.asarray(groups) >= 0).any():
+      continue
+    gn = data.group_names(spec)
+    if gn:
+      names[ood] = gn
+    logits = sets[set_name]["logits"]
+    cls = id_names
+    if cls is None or len(cls) != logits.shape[1]:
+      cls = data.default_class_names(logits.shape[1])
+    predicted[ood] = report.predicted_as(logits, groups, cls)
+  return {"group_names": names, "predicted_as": predicted}
+
+
+def default_compilation_cache_dir() -> str:
+  """~/.cache/fi_jax/jax_cache (under $XDG_CACHE_HOME when set)."""
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(root, "fi_jax", "jax_cache")
+
+
+def use_compilation_cache(path: Optional[str]) -> Optional[str]:
+  """Turns on JAX's persistent compilation cache in `path` (None: the default folder; '':
+  off), caching every compilation however quick or small, so that a rerun compiles nothing.
+  Returns the folder in use (None when off)."""
+  path = default_compilation_cache_dir() if path is None else os.path.expanduser(path)
+  if jax.config.jax_compilation_cache_dir != (path or None):
+    jax.config.update("jax_compilation_cache_dir", path or None)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.reset_cache()   # applies the new folder even after earlier compilations
+  return path or None
+
+
+def run(config, workdir: str, log: Log = log_on_process_0) -> dict:
+  """Runs the whole benchmark described by `config`; writes and returns the results."""
+  t_start = time.time()
+  timings: dict[str, float] = {}
+  validate.validate_config(config, workdir)   # every bad value fails here, before any work
+  if config.get("x64", True):
+    jax.config.update("jax_enable_x64", True)
+  use_compilation_cache(config.get("compilation_cache_dir", None))
+
+  dets = config_detectors(config)   # fails fast on unknown detector names / hparams
+  specs = config_specs(config)
+  t = time.time()
+  preflight.run(config, specs)     # every set, file and checkpoint: all problems at once
+  log(f"Preflight: {len(specs)} sets and the model's files are in place ({time.time() - t:.1f} s).")
+  os.makedirs(workdir, exist_ok=True)
+  random_init = bool(config.get("random_init", False))
+  if random_init and not config.get("model_init"):
+    log("WARNING: random_init=True: the model has random weights (not a released model).")
+
+  # its thread runs while the model trains and into the detector stage (fi_jax.run.compile_ahead); if no
+  # model trains it never starts, and its claim just says yes
+  ahead = ahead_lib.CompileAhead()
+  try:
+    from_features = [features.is_features_spec(s) for s in specs.values()]
+    t = time.time()
+    on_0_only = False   # whether only process 0 holds every set (and scores them)
+    if all(from_features):
+      sets, head, model_meta = feature_sets(config, specs, dets)
+    elif any(from_features):
+      raise ValueError("Either every set or none is source='features' (a model cannot extract "
+                       "the others while some come from files).")
+    else:
+      model = LazyModel(config, log, workdir)
+      try:
+        sets = extract_cached(config, model, workdir, log, dets,
+                            ahead if config.get("compile_ahead", True) else None)
+      except KeyboardInterrupt:
+        log(f"\nInterrupted: {_kept_sets(workdir)} finished set(s) kept in "
+            f"{os.path.join(workdir, 'cache')}; rerun the same command to resume.")
+        raise
+      head = cached_head(config, model, workdir, log)
+      model_meta = model.get()[3] if model._built else {
+          "model_name": config.model_name, "model": to_dict(config.model), "from_cache": True}
+      # several processes: process 0 reads every process's rows from the cache; the others
+      # drop theirs and wait for its results
+      sets = pipeline.collect_sets(sets, part_reader(config, workdir, specs, dets, log))
+      on_0_only = jax.process_count() > 1
+    timings["extract"] = time.time() - t   # includes building the model, if needed
+    if sets is None:
+      results = distributed.broadcast_json(None)
+      if "error" in results:
+        raise RuntimeError(f"process 0 failed, so this process stops too: {results['error']}")
+      return results
+    try:
+      results = _score_and_report(config, workdir, log, dets, specs, sets, head, model_meta,
+                                  random_init, timings, t_start, ahead)
+    except Exception as e:
+      if on_0_only:   # the other processes are waiting for the results
+        distributed.broadcast_json({"error": f"{type(e).__name__}: {e}"})
+      raise
+    if on_0_only:
+      results = distributed.broadcast_json(results)
+    return results
+  finally:
+    ahead.finish(wait=sys.exc_info()[0] is None)   # an interrupt does not wait for it
+
+
+def part_reader(config, workdir: str, specs: dict, dets: dict, log: Log):
+  """read(set name, process index) -> that process's cached rows of the set (or None)."""
+  def read(name, index):
+    p = cache.part(set_path(config, workdir, name, specs[name], pipeline.set_columns(dets, name)),
+                   index, jax.process_count())
+    return cache.load(p, log=log)
+  return read
+
+
+def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, sets: dict,
+                      head, model_meta: dict, random_init: bool, timings: dict,
+                      t_start: float, ahead: ahead_lib.CompileAhead) -> dict:
+  """Detectors, metric rows and the report files of every set's arrays (on one process);
+  `ahead`'s thread, if it runs, shares the detectors (`CompileAhead.claim`)."""
+  sets, dropped = pipeline.drop_nonfinite(sets, config.get("nonfinite", "error"), log)
+
+  t = time.time()
+  log(f"Detectors ({len(dets)}):")
+  rcfg = to_dict(config.get("report", {}))
+  # each detector's histogram is drawn in the background while the next detectors run
+  hists = (report.HistWriter(workdir, [s[len("ood/"):] for s in specs if s.startswith("ood/")])
+           if jax.process_index() == 0 and rcfg.get("plots", True) else None)
+  try:
+    scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True,
+                                         nonfinite=config.get("nonfinite", "error"),
+                                         take=ahead.claim,
+                                         on_scores=hists.submit if hists else None)
+  finally:
+    ahead.finish()
+  timings["detectors"] = time.time() - t
+  t = time.time()
+  if jax.process_index() == 0:   # first: a failure in the metrics or the report keeps them
+    report.write_scores(workdir, scores, sets)
+  scores_seconds = time.time() - t
+
+  t = time.time()
+  rows = pipeline.metric_rows(scores, sets, model=model_label(config),
+                              id_set=config.get("id_name", "id"), **metric_kwargs(config))
+  timings["metrics"] = time.time() - t
+  log(f"Metrics: {len(rows)} rows ({len(scores)} detectors x "
+      f"{sum(s.startswith('ood/') for s in sets)} OOD sets) in {timings['metrics']:.1f} s.")
+
+  meta = {
+      "config": to_dict(config), "workdir": os.path.abspath(workdir),
+      "versions": report.versions(), "platform": platform.platform(),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "devices": [str(d) for d in jax.devices()], "process_count": jax.process_count(),
+      "set_sizes": {k: int(len(v["logits"])) for k, v in sets.items()},
+      "ood_sets": [s[len("ood/"):] for s in specs if s.startswith("ood/")],
+      "random_init": random_init and not config.get("model_init"),
+      "model_label": model_label(config), "checkpoint": checkpoint_meta(config),
+      "timings_s": {},
+      "detector_errors": errors, "nonfinite_dropped": dropped, **model_meta,
+  }
+  results = schema.make(meta, pipeline.id_accuracy(sets["id_test"]), rows,
+                        [{"detector": n, "failed": errors[n]} for n in dets if n in errors])
+  if jax.process_index() == 0:
+    t = time.time()
+    results["meta"].update(report_extras(specs, sets))
+    if rcfg.get("plots", True) and rows:
+      try:
+        report.write_plots(workdir, results, scores, top=int(rcfg.get("plot_top", 5)),
+                           hists=hists)
+      except Exception as e:  # plots must not cost the results
+        results["meta"]["plot_error"] = f"{type(e).__name__}: {e}"
+        log(f"Plots failed ({results['meta']['plot_error']}); the results files are written "
+            f"without them (or run with --config.report.plots=False).")
+    timings["report"] = time.time() - t + scores_seconds
+    timings["total"] = time.time() - t_start
+    results["meta"]["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+    report.write(results, workdir)
+    log(report.table(results))
+    log(f"Wrote {os.path.join(workdir, 'results.md')} (+ .json, .csv, scores/, plots/, "
+        f"per_class/) in {timings['total']:.1f} s.")
+  else:
+    timings["total"] = time.time() - t_start
+    results["meta"]["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+  return results
