@@ -27,11 +27,11 @@ from typing import Callable
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)                          # fi_jax
-sys.path.insert(1, os.path.join(_ROOT, "tests"))   # torchvision_shim
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
-import torchvision_shim  # noqa: E402
+
+from tests.helpers import torchvision_shim  # noqa: E402
 
 
 def alternate(fns: dict[str, Callable[[], np.ndarray]], repeats: int) -> dict[str, float]:

@@ -3,7 +3,7 @@
 x64: fi_jax's pipeline runs with `jax_enable_x64` (metrics, covariances and pseudo-inverses in
 float64), so the tests do too. Models stay float32 because they cast explicitly.
 
-Shim: see tests/torchvision_shim.py; installed before any test imports torchvision (through
+Shim: see tests/helpers/torchvision_shim.py; installed before any test imports torchvision (through
 timm or open_clip).
 
 XLA: the quick-compiling CPU pipeline the CLI uses on a CPU-only machine (fi_jax.run.xla_flags),
@@ -17,9 +17,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("NO_GCE_CHECK", "true")
 
 import jax  # noqa: E402
-import torchvision_shim  # noqa: E402  (tests/, on sys.path as the conftest's folder)
 
 from fi_jax.run import xla_flags
+from tests.helpers import torchvision_shim
 
 xla_flags.fast_cpu_compile()
 

@@ -1,0 +1,1 @@
+"""Tests of fi_jax.evaluators: big_vision's evaluator API."""

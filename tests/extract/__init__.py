@@ -1,0 +1,1 @@
+"""Tests of fi_jax.extract (the stage package of the same name)."""

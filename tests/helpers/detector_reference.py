@@ -1,0 +1,119 @@
+"""Synthetic data and independent numpy / scikit-learn references for the detector tests:
+class-clustered features (non-negative or signed), a linear head, one class with no fit rows
+that is never predicted (the empty-class and never-predicted pitfalls), and the reference
+formulas several test files compare against."""
+import numpy as np
+import scipy.special
+from sklearn.covariance import EmpiricalCovariance
+
+from fi_jax import detectors
+
+C, D, N_FIT, N_TEST = 12, 48, 600, 150
+EMPTY = C - 1          # no fit row has this label, and it is never predicted
+
+
+def make_data(signed: bool, seed: int = 0, d: int = D, c: int = C):
+  rng = np.random.default_rng(seed)
+  mu = rng.normal(size=(c, d)) * 1.5
+  y = rng.integers(0, c - 1, N_FIT + N_TEST)           # class c-1 never appears
+  h = mu[y] + rng.normal(size=(N_FIT + N_TEST, d))
+  if not signed:
+    h = np.abs(h)
+  h = h.astype(np.float32)
+  w = (rng.normal(size=(d, c)) * 0.4).astype(np.float32)
+  b = (rng.normal(size=c) * 0.2).astype(np.float32)
+  b[c - 1] = -1e4                                       # class c-1 is never predicted
+  z = (h.astype(np.float64) @ w + b).astype(np.float32)
+  y = y.astype(np.int32)
+  y[N_FIT + 3] = -1                                     # an unknown test label is fine
+  fit = detectors.Outputs(h[:N_FIT], z[:N_FIT], y[:N_FIT])
+  test = detectors.Outputs(h[N_FIT:], z[N_FIT:], y[N_FIT:])
+  return fit, test, detectors.Head(w, b)
+
+
+def f64(x):
+  return np.asarray(x, np.float64)
+
+
+def assert_scores(ours, ref, rtol=1e-4):
+  """Relative error <= rtol (scale: max |ref|) and the same ranking where ref has no near-ties."""
+  ours, ref = f64(ours), f64(ref)
+  assert ours.shape == ref.shape
+  assert np.isfinite(ours).all() and np.isfinite(ref).all()
+  scale = max(np.abs(ref).max(), 1e-30)
+  np.testing.assert_allclose(ours, ref, rtol=rtol, atol=rtol * 1e-2 * scale)
+  order = np.argsort(ref, kind="stable")
+  gaps = np.diff(ref[order])
+  clear = gaps > 1e-6 * scale
+  assert (np.diff(ours[order])[clear] > 0).all(), "ranking differs from the reference"
+
+
+def fit_score(name, fit, test, head, preset=None, **hp):
+  det = detectors.build(name, preset=preset, **hp)
+  return np.asarray(det.score(det.fit(fit, head), test))
+
+
+def softmax(z):
+  return np.exp(z - scipy.special.logsumexp(z, axis=1, keepdims=True))
+
+
+def ref_class_means(fit):
+  h, y = f64(fit.features), np.asarray(fit.labels)
+  return {c: h[y == c].mean(0) for c in range(C) if (y == c).any()}
+
+
+def ref_mds(fit, test):
+  h, y = f64(fit.features), np.asarray(fit.labels)
+  means = ref_class_means(fit)
+  centred = np.stack([h[i] - means[y[i]] for i in range(len(y))])
+  prec = EmpiricalCovariance(assume_centered=True).fit(centred).precision_
+  ht = f64(test.features)
+  d = np.stack([np.einsum("nd,de,ne->n", ht - m, prec, ht - m) for m in means.values()], 1)
+  return -d.min(1)
+
+
+def ref_rmds(fit, test):
+  bg = EmpiricalCovariance(assume_centered=False).fit(f64(fit.features))
+  return ref_mds(fit, test) + bg.mahalanobis(f64(test.features))
+
+
+def ref_vim_parts(fit, test, head, dim):
+  w, b = f64(head.w).T, f64(head.b)                      # W [C, D]
+  u = -np.linalg.pinv(w) @ b
+  cov = EmpiricalCovariance(assume_centered=True).fit(f64(fit.features) - u).covariance_
+  lam, vec = np.linalg.eigh(cov)
+  ns = vec[:, np.argsort(lam)[::-1][dim:]]
+  res_fit = np.linalg.norm((f64(fit.features) - u) @ ns, axis=1)
+  alpha = f64(fit.logits).max(1).mean() / res_fit.mean()
+  res = np.linalg.norm((f64(test.features) - u) @ ns, axis=1)
+  return res, alpha
+
+
+def ref_knn(fit, test, k):
+  nrm = lambda x: f64(x) / np.linalg.norm(f64(x), axis=1, keepdims=True)
+  a, bnk = nrm(test.features), nrm(fit.features)
+  d2 = ((a[:, None, :] - bnk[None, :, :]) ** 2).sum(-1)
+  return -np.sort(d2, axis=1)[:, k - 1]
+
+
+def ref_ash(h, pct, mode):
+  h = f64(h)
+  n = h.shape[1]
+  k = n - int(np.round(n * pct / 100.0))
+  out = np.zeros_like(h)
+  for i, row in enumerate(h):
+    keep = np.argsort(-row, kind="stable")[:k]
+    s1, s2 = row.sum(), row[keep].sum()
+    if mode == "p":
+      out[i, keep] = row[keep]
+    elif mode == "b":
+      out[i, keep] = s1 / k
+    elif mode == "s":
+      out[i, keep] = row[keep] * np.exp(s1 / s2)
+    else:                                                  # scale: unpruned h times exp(s1/s2)
+      out[i] = row * np.exp(s1 / s2)
+  return out
+
+
+def energy_np(h, head):
+  return scipy.special.logsumexp(f64(h) @ f64(head.w) + f64(head.b), axis=1)

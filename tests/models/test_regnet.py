@@ -1,0 +1,159 @@
+"""fi_jax RegNet vs torchvision's RegNetX / RegNetY.
+
+Small-width torchvision RegNets (real structure: SE or not, grouped 3x3s, projection
+shortcuts, identity blocks) with perturbed BatchNorm statistics are saved with torch.save,
+loaded through `regnet.load`, and compared on logits and pre_logits at two input sizes. The
+variant table is checked against torchvision's BlockParams and the full-size regnet_y_16gf /
+regnet_x_400mf key sets and shapes on the meta device.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import regnet
+from fi_jax.models.convert import regnet as convert_regnet
+from tests.helpers.torch_reference import perturb_norms
+
+torch = pytest.importorskip("torch")
+tv_regnet = pytest.importorskip("torchvision.models.regnet")
+
+TOL = 1e-4
+NUM_CLASSES = 10
+
+CASES = {   # name: (BlockParams kwargs, stem width)
+    "y": (dict(depths=[1, 2, 1, 1], widths=[16, 24, 32, 48], group_widths=[8, 8, 8, 16],
+               se_ratio=0.25), 16),
+    "x": (dict(depths=[1, 1, 2, 1], widths=[16, 32, 32, 48], group_widths=[8, 16, 8, 24],
+               se_ratio=None), 8),
+}
+
+
+def _init(model, size=64):
+  return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
+                                           jnp.zeros((1, size, size, 3))))["params"]
+
+
+def _images(size):
+  return np.random.RandomState(0).randn(2, size, size, 3).astype(np.float32)
+
+
+def _diff(a, b):
+  return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def _ref_forward(m, x):
+  seen = {}
+
+  def keep_input(mod, inp, out):   # returns None: the output stays as it is
+    seen["x"] = inp[0]
+  hook = m.fc.register_forward_hook(keep_input)
+  with torch.no_grad():
+    logits = m(torch.tensor(x).permute(0, 3, 1, 2))
+  hook.remove()
+  return logits.numpy(), seen["x"].numpy()
+
+
+_CACHE = {}
+
+
+def _case(name, tmp_path_factory):
+  if name not in _CACHE:
+    bp_kw, stem = CASES[name]
+    torch.manual_seed(0)
+    n = len(bp_kw["depths"])
+    bp = tv_regnet.BlockParams(bottleneck_multipliers=[1.0] * n, strides=[2] * n, **bp_kw)
+    ref = perturb_norms(tv_regnet.RegNet(bp, num_classes=NUM_CLASSES, stem_width=stem),
+                        linear_weights=True)
+    path = str(tmp_path_factory.mktemp("regnet") / f"regnet_{name}.pth")
+    torch.save(ref.state_dict(), path)
+    model = regnet.RegNet(NUM_CLASSES, depths=tuple(bp_kw["depths"]),
+                          widths=tuple(bp_kw["widths"]),
+                          group_widths=tuple(bp_kw["group_widths"]),
+                          se_ratio=bp_kw["se_ratio"], stem_width=stem)
+    _CACHE[name] = (ref, model, regnet.load(_init(model), path), path)
+  return _CACHE[name]
+
+
+@pytest.mark.parametrize("size", [64, 96])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_regnet_matches_torchvision(name, size, tmp_path_factory):
+  ref, model, params, _ = _case(name, tmp_path_factory)
+  x = _images(size)
+  logits, out = jax.jit(model.apply)({"params": params}, x)
+  want, want_pre = _ref_forward(ref, x)
+  assert logits.dtype == jnp.float32 and out["pre_logits"].shape == want_pre.shape
+  d_logits, d_pre = _diff(logits, want), _diff(out["pre_logits"], want_pre)
+  assert d_logits < TOL and d_pre < TOL, (d_logits, d_pre)
+
+
+def test_regnet_bfloat16(tmp_path_factory):
+  ref, model, params, _ = _case("y", tmp_path_factory)
+  x = _images(64)
+  logits, out = jax.jit(model.clone(dtype="bfloat16").apply)({"params": params}, x)
+  want, want_pre = _ref_forward(ref, x)
+  assert logits.dtype == jnp.float32 and out["pre_logits"].dtype == jnp.float32
+  assert _diff(logits, want) < 0.05 * float(np.max(np.abs(want))) + 0.05
+  assert _diff(out["pre_logits"], want_pre) < 0.05 * float(np.max(np.abs(want_pre))) + 0.05
+
+
+@pytest.mark.parametrize("edit", ["missing", "shape", "unexpected"])
+def test_regnet_bad_checkpoint(edit, tmp_path_factory, tmp_path):
+  ref, model, _, _ = _case("y", tmp_path_factory)
+  sd = {k: v.clone() for k, v in ref.state_dict().items()}
+  if edit == "missing":
+    del sd["trunk_output.block2.block2-1.f.se.fc1.bias"]
+    want = "block2_1/se/fc1/bias"
+  elif edit == "shape":
+    sd["trunk_output.block3.block3-0.proj.0.weight"] = torch.zeros(3, 3, 1, 1)
+    want = "block3_0/proj_conv/kernel"
+  else:
+    sd["trunk_output.block1.block1-0.f.d.0.weight"] = torch.zeros(3, 3, 1, 1)
+    want = "trunk_output.block1.block1-0.f.d.0.weight"
+  path = str(tmp_path / "bad.pth")
+  torch.save(sd, path)
+  with pytest.raises(checkpoints.CheckpointError, match=want) as e:
+    regnet.load(_init(model), path)
+  assert path in str(e.value)
+
+
+def _block_params(name):
+  """torchvision's BlockParams of a published RegNet (its builder minus the model)."""
+  orig = tv_regnet._regnet
+  try:
+    tv_regnet._regnet = lambda bp, weights, progress, **kw: bp
+    return getattr(tv_regnet, name)()
+  finally:
+    tv_regnet._regnet = orig
+
+
+def test_regnet_archs_match_torchvision_block_params():
+  for name, arch in regnet.ARCHS.items():
+    bp = _block_params(name)
+    assert tuple(bp.depths) == arch["depths"], name
+    assert tuple(bp.widths) == arch["widths"], name
+    assert tuple(bp.group_widths) == arch["group_widths"], name
+    assert set(bp.bottleneck_multipliers) == {arch.get("bottleneck_multiplier", 1.0)}, name
+    assert set(bp.strides) == {2} and bp.se_ratio == arch.get("se_ratio"), name
+
+
+@pytest.mark.parametrize("name", ["regnet_y_16gf", "regnet_x_400mf"])
+def test_regnet_full_size_keys(name):
+  bp = _block_params(name)   # computed with real tensors; the model is built on meta
+  with torch.device("meta"):
+    ref = tv_regnet.RegNet(bp)
+  sd = {k: np.broadcast_to(np.float32(0), tuple(v.shape)) for k, v in ref.state_dict().items()}
+  flat = convert_regnet.convert(sd, source=name)
+  init = _init(regnet.Model(1000, variant=name), 224)
+  shapes = lambda t: {k: tuple(v.shape) for k, v in checkpoints.flatten(t).items()}
+  assert shapes(flat) == shapes(init)
+
+
+def test_regnet_pretrained_table():
+  for tag, cfg in regnet.PRETRAINED.items():
+    assert cfg["variant"] in regnet.ARCHS and cfg["source"] == "torchvision", tag
+  swag = regnet.PRETRAINED["torchvision/regnet_y_16gf.IMAGENET1K_SWAG_E2E_V1"]
+  assert swag["input_size"] == 384
+  assert swag["pp"] == ("decode_pil|resize_torchvision(384, 'bicubic')|"
+                        "central_crop_torchvision(384)|normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))")
