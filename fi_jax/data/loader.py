@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from fi_jax.data import class_names as imagenet_names
+from fi_jax.data import class_names as class_names_lib
 from fi_jax.data import preprocess
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -296,5 +296,5 @@ def class_names(spec: dict) -> Optional[list[str]]:
 def default_class_names(num_classes: int) -> list[str]:
   """ImageNet-1k's human-readable names for 1000 classes, else the class indices."""
   if num_classes == 1000:
-    return list(imagenet_names.IMAGENET_CLASS_NAMES)
+    return list(class_names_lib.IMAGENET_CLASS_NAMES)
   return [str(i) for i in range(num_classes)]

@@ -39,9 +39,18 @@ from typing import Mapping, Optional, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.detectors import activation, distance, gradient, knn, logit, openmax, rankfeat, weiper
-from fi_jax.detectors import intermediate as layer
-from fi_jax.detectors import vision_language as zero_shot
+from fi_jax.detectors import (
+  activation,
+  distance,
+  gradient,
+  intermediate,
+  knn,
+  logit,
+  openmax,
+  rankfeat,
+  vision_language,
+  weiper,
+)
 from fi_jax.detectors.core import Detector, Head, Outputs, scoring_rows
 from fi_jax.detectors.shared import active as shared_active
 from fi_jax.detectors.shared import shared
@@ -54,11 +63,11 @@ _CLASSES = (
     logit.KLMatching, activation.ReAct, activation.ASHP, activation.ASHB, activation.ASHS,
     activation.SCALE, distance.SHE, activation.DICE, distance.MDS, distance.RMDS,
     distance.Residual, distance.ViM, knn.KNN, knn.NNGuide, distance.FDBD, distance.NCI,
-    gradient.GradNorm, distance.Cosine, distance.RelativeCosine, zero_shot.MCM,
+    gradient.GradNorm, distance.Cosine, distance.RelativeCosine, vision_language.MCM,
     weiper.WeiPerKLD, weiper.WeiPer, activation.OptFS, activation.BATS, activation.LINe,
     distance.MDSpp, distance.RMDSpp, distance.SSD, distance.NECO, knn.Relation, openmax.OpenMax,
     activation.VRA, gradient.AdaSCALEA, gradient.AdaSCALEL, knn.CombOOD, rankfeat.RankFeat,
-    gradient.IODIN, layer.MDSEnsemble, layer.Gram,
+    gradient.IODIN, intermediate.MDSEnsemble, intermediate.Gram,
 )
 REGISTRY: dict[str, type[Detector]] = {c.name: c for c in _CLASSES}
 

@@ -76,7 +76,7 @@ from fi_jax.data import loader as data
 from fi_jax.data import preprocess
 from fi_jax.data import specs as specs_lib
 from fi_jax.extract import forward as extract
-from fi_jax.models import zero_shot_head as zero_shot
+from fi_jax.models import zero_shot_head
 from fi_jax.models.text import tokenizers
 
 API = "jit"
@@ -232,7 +232,7 @@ class Evaluator:
       scale_bias["t"] = out["t"]
       scale_bias["b"] = out.get("b", 0.0)
       return np.asarray(jax.device_get(ztxt))[:len(texts)]
-    emb = zero_shot.class_embeddings(embed, zs.get("class_names"),
+    emb = zero_shot_head.class_embeddings(embed, zs.get("class_names"),
                                      zs.get("templates", "clip_paper"), batch_size=bs,
                                      canonicalize_text=zs.get("canonicalize_text", True))
     scale = float(np.asarray(jax.device_get(scale_bias["t"])).reshape(-1)[0])

@@ -34,8 +34,7 @@ import numpy as np
 
 from fi_jax.models import _posemb as posemb
 from fi_jax.models import _releases as releases
-from fi_jax.models import vit
-from fi_jax.models import zero_shot_head as zero_shot
+from fi_jax.models import vit, zero_shot_head
 from fi_jax.models.convert import openclip, readers
 from fi_jax.models.convert import torch_layers as tl
 
@@ -212,6 +211,6 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = N
 
 def predictor(model: _Model, params, config):
   """(predict_fn, Head) for fi_jax.run: the zero-shot head with CLIP's protocol (see
-  zero_shot.predictor): logits exp(t) * E.T on the normalised image embedding, which is also
+  zero_shot_head.predictor): logits exp(t) * E.T on the normalised image embedding, which is also
   the features (`out['pre_logits']`)."""
-  return zero_shot.predictor(model, params, config, "clip")
+  return zero_shot_head.predictor(model, params, config, "clip")

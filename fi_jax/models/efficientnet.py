@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from fi_jax.data import preprocess
-from fi_jax.models import _blocks as layers
+from fi_jax.models import _blocks
 from fi_jax.models import _checkpoints as checkpoints
 from fi_jax.models.convert import efficientnet as convert
 from fi_jax.models.convert import readers
@@ -286,7 +286,7 @@ def conv_bn(x, features: int, kernel: int = 1, stride: int = 1, groups: int = 1,
   x = nn.Conv(features, (kernel, kernel), (stride, stride), pad,
               feature_group_count=x.shape[-1] if groups == -1 else groups, use_bias=False,
               dtype=dtype, param_dtype=jnp.float32, precision=precision, name=conv_name)(x)
-  x = layers.BatchNorm(bn_eps, name=bn_name)(x)
+  x = _blocks.BatchNorm(bn_eps, name=bn_name)(x)
   return nn.silu(x) if act else x
 
 

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fi_jax.models import _blocks as layers
+from fi_jax.models import _blocks as blocks
 from fi_jax.models._pretrained import torchvision as _tv
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import regnet as convert_regnet
@@ -115,11 +115,11 @@ class SqueezeExcitation(nn.Module):
   """torchvision SqueezeExcitation: x * sigmoid(fc2(relu(fc1(mean_hw(x))))), 1x1 convs."""
   squeeze: int
   dtype: str = "float32"
-  precision: Any = layers.HIGHEST
+  precision: Any = blocks.HIGHEST
 
   @nn.compact
   def __call__(self, x):
-    conv = functools.partial(layers.conv, use_bias=True, dtype=layers.compute_dtype(self.dtype),
+    conv = functools.partial(blocks.conv, use_bias=True, dtype=blocks.compute_dtype(self.dtype),
                              precision=self.precision)
     s = jnp.mean(x, axis=(1, 2), keepdims=True)
     s = conv(x.shape[-1], 1, name="fc2")(nn.relu(conv(self.squeeze, 1, name="fc1")(s)))
@@ -135,13 +135,13 @@ class Block(nn.Module):
   se_ratio: Optional[float] = None
   bn_eps: float = 1e-5
   dtype: str = "float32"
-  precision: Any = layers.HIGHEST
+  precision: Any = blocks.HIGHEST
 
   @nn.compact
   def __call__(self, x):
-    conv = functools.partial(layers.conv, dtype=layers.compute_dtype(self.dtype),
+    conv = functools.partial(blocks.conv, dtype=blocks.compute_dtype(self.dtype),
                              precision=self.precision)
-    bn = lambda name: layers.BatchNorm(self.bn_eps, name=name)
+    bn = lambda name: blocks.BatchNorm(self.bn_eps, name=name)
     width_in = x.shape[-1]
     w_b = int(round(self.width * self.bottleneck_multiplier))
     y = nn.relu(bn("a_bn")(conv(w_b, 1, name="a_conv")(x)))
@@ -167,7 +167,7 @@ class RegNet(nn.Module):
   stem_width: int = 32
   bn_eps: float = 1e-5
   dtype: str = "float32"
-  precision: Any = layers.HIGHEST
+  precision: Any = blocks.HIGHEST
 
   @nn.compact
   def __call__(self, images, *, train: bool = False):
@@ -176,16 +176,16 @@ class RegNet(nn.Module):
       raise ValueError(f"depths, widths and group_widths need one entry per stage; got "
                        f"{self.depths}, {self.widths}, {self.group_widths}.")
     out = {}
-    x = jnp.asarray(images, layers.compute_dtype(self.dtype))
-    x = layers.conv(self.stem_width, 3, 2, dtype=x.dtype, precision=self.precision,
+    x = jnp.asarray(images, blocks.compute_dtype(self.dtype))
+    x = blocks.conv(self.stem_width, 3, 2, dtype=x.dtype, precision=self.precision,
                     name="stem_conv")(x)
-    x = out["stem"] = nn.relu(layers.BatchNorm(self.bn_eps, name="stem_bn")(x))
+    x = out["stem"] = nn.relu(blocks.BatchNorm(self.bn_eps, name="stem_bn")(x))
     for s, (depth, width, gw) in enumerate(zip(self.depths, self.widths, self.group_widths)):
       for b in range(depth):
         x = Block(width, 2 if b == 0 else 1, gw, self.bottleneck_multiplier, self.se_ratio,
                   self.bn_eps, self.dtype, self.precision, name=f"block{s + 1}_{b}")(x)
       out[f"stage{s + 1}"] = x
-    x = out["pre_logits"] = layers.global_avg_pool(x)
+    x = out["pre_logits"] = blocks.global_avg_pool(x)
     if self.num_classes:
       x = out["logits"] = nn.Dense(self.num_classes, precision=self.precision, name="head")(x)
     return x, out

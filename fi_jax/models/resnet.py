@@ -5,7 +5,7 @@ and V2 weights share it) and timm's ResNet with its stem / downsample options: t
 the 'deep' stem of three 3x3 convs (timm `stem_type='deep'`, 'c' / 's' / 'd' variants, and
 'deep_tiered'), and the average-pool shortcut (`avg_down=True`, 'd' variants: AvgPool2d(2,
 ceil_mode, count_include_pad=False) -> 1x1 conv -> BN). BatchNorm runs on its running
-statistics, which live in `params` (layers.BatchNorm); there is no dropout or drop path.
+statistics, which live in `params` (blocks.BatchNorm); there is no dropout or drop path.
 
 `Model(1000, variant="resnet50")`; `apply({"params": p}, images_nhwc)` returns
 `(logits, out)` with out["pre_logits"] = the global-average-pooled last stage (the `fc`
@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fi_jax.models import _blocks as layers
+from fi_jax.models import _blocks as blocks
 from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import resnet as convert_resnet
@@ -166,15 +166,15 @@ class BasicBlock(nn.Module):
   shortcut: Optional[str] = None   # None (identity) | "conv" | "avg"
   bn_eps: float = 1e-5
   dtype: str = "float32"
-  precision: Any = layers.HIGHEST
+  precision: Any = blocks.HIGHEST
 
   @nn.compact
   def __call__(self, x):
-    conv = functools.partial(layers.conv, dtype=layers.compute_dtype(self.dtype),
+    conv = functools.partial(blocks.conv, dtype=blocks.compute_dtype(self.dtype),
                              precision=self.precision)
-    y = nn.relu(layers.BatchNorm(self.bn_eps, name="bn1")(
+    y = nn.relu(blocks.BatchNorm(self.bn_eps, name="bn1")(
         conv(self.planes, 3, self.stride, name="conv1")(x)))
-    y = layers.BatchNorm(self.bn_eps, name="bn2")(conv(self.planes, 3, name="conv2")(y))
+    y = blocks.BatchNorm(self.bn_eps, name="bn2")(conv(self.planes, 3, name="conv2")(y))
     return nn.relu(y + _shortcut(self, x, self.planes, conv))
 
 
@@ -187,13 +187,13 @@ class Bottleneck(nn.Module):
   width_per_group: int = 64
   bn_eps: float = 1e-5
   dtype: str = "float32"
-  precision: Any = layers.HIGHEST
+  precision: Any = blocks.HIGHEST
 
   @nn.compact
   def __call__(self, x):
-    conv = functools.partial(layers.conv, dtype=layers.compute_dtype(self.dtype),
+    conv = functools.partial(blocks.conv, dtype=blocks.compute_dtype(self.dtype),
                              precision=self.precision)
-    bn = lambda name: layers.BatchNorm(self.bn_eps, name=name)
+    bn = lambda name: blocks.BatchNorm(self.bn_eps, name=name)
     width = int(self.planes * self.width_per_group / 64) * self.groups
     y = nn.relu(bn("bn1")(conv(width, 1, name="conv1")(x)))
     y = nn.relu(bn("bn2")(conv(width, 3, self.stride, groups=self.groups, name="conv2")(y)))
@@ -208,10 +208,10 @@ def _shortcut(block: nn.Module, x, features: int, conv):
   stride = block.stride
   if block.shortcut == "avg":
     if stride > 1:
-      x = layers.avg_pool_ceil(x, 2, stride)
+      x = blocks.avg_pool_ceil(x, 2, stride)
     stride = 1
   x = conv(features, 1, stride, name="downsample_conv")(x)
-  return layers.BatchNorm(block.bn_eps, name="downsample_bn")(x)
+  return blocks.BatchNorm(block.bn_eps, name="downsample_bn")(x)
 
 
 class ResNet(nn.Module):
@@ -227,7 +227,7 @@ class ResNet(nn.Module):
   avg_down: bool = False
   bn_eps: float = 1e-5
   dtype: str = "float32"
-  precision: Any = layers.HIGHEST
+  precision: Any = blocks.HIGHEST
 
   @nn.compact
   def __call__(self, images, *, train: bool = False):
@@ -236,9 +236,9 @@ class ResNet(nn.Module):
       raise ValueError(f"block must be {_BASIC!r} or {_BOTTLENECK!r}, got {self.block!r}.")
     if self.stem not in ("7x7", "deep", "deep_tiered"):
       raise ValueError(f"stem must be '7x7', 'deep' or 'deep_tiered', got {self.stem!r}.")
-    cdt = layers.compute_dtype(self.dtype)
-    conv = functools.partial(layers.conv, dtype=cdt, precision=self.precision)
-    bn = lambda name: layers.BatchNorm(self.bn_eps, name=name)
+    cdt = blocks.compute_dtype(self.dtype)
+    conv = functools.partial(blocks.conv, dtype=cdt, precision=self.precision)
+    bn = lambda name: blocks.BatchNorm(self.bn_eps, name=name)
     out = {}
     x = jnp.asarray(images, cdt)
     if self.stem == "7x7":
@@ -252,7 +252,7 @@ class ResNet(nn.Module):
       x = nn.relu(bn("stem_bn2")(conv(chs[1], 3, name="stem_conv2")(x)))
       x = conv(inplanes, 3, name="conv1")(x)
     x = nn.relu(bn("bn1")(x))
-    x = out["stem"] = layers.max_pool(x, 3, 2, 1)
+    x = out["stem"] = blocks.max_pool(x, 3, 2, 1)
 
     expansion = 4 if self.block == _BOTTLENECK else 1
     for s, (depth, planes) in enumerate(zip(self.depths, self.widths)):
@@ -272,7 +272,7 @@ class ResNet(nn.Module):
         inplanes = planes * expansion
       out[f"stage{s + 1}"] = x
 
-    x = out["pre_logits"] = layers.global_avg_pool(x)
+    x = out["pre_logits"] = blocks.global_avg_pool(x)
     if self.num_classes:
       x = out["logits"] = nn.Dense(self.num_classes, precision=self.precision, name="head")(x)
     return x, out

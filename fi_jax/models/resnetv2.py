@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fi_jax.models import _blocks as layers
+from fi_jax.models import _blocks as blocks
 from fi_jax.models._pretrained import timm as _timm
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import resnet as convert_resnet
@@ -76,7 +76,7 @@ class StdConv(nn.Module):
   stride: int = 1
   eps: float = 1e-8
   dtype: str = "float32"
-  precision: Any = layers.HIGHEST
+  precision: Any = blocks.HIGHEST
 
   @nn.compact
   def __call__(self, x):
@@ -87,7 +87,7 @@ class StdConv(nn.Module):
     var = jnp.mean(jnp.square(w - mean), axis=(0, 1, 2), keepdims=True)
     w = (w - mean) * jax.lax.rsqrt(var + self.eps)
     p = ((self.stride - 1) + (k - 1)) // 2
-    cdt = layers.compute_dtype(self.dtype)
+    cdt = blocks.compute_dtype(self.dtype)
     return jax.lax.conv_general_dilated(
         x.astype(cdt), w.astype(cdt), (self.stride, self.stride), ((p, p), (p, p)),
         dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=self.precision)
@@ -122,7 +122,7 @@ class PreActBottleneck(nn.Module):
   gn_eps: float = 1e-5
   ws_eps: float = 1e-8
   dtype: str = "float32"
-  precision: Any = layers.HIGHEST
+  precision: Any = blocks.HIGHEST
 
   @nn.compact
   def __call__(self, x):
@@ -151,7 +151,7 @@ class ResNetV2(nn.Module):
   gn_eps: float = 1e-5
   ws_eps: float = 1e-8            # StdConv2d eps of timm's BiT models
   dtype: str = "float32"
-  precision: Any = layers.HIGHEST
+  precision: Any = blocks.HIGHEST
 
   @nn.compact
   def __call__(self, images, *, train: bool = False):
@@ -159,13 +159,13 @@ class ResNetV2(nn.Module):
     if self.stem not in ("fixed", ""):
       raise ValueError(f"stem must be 'fixed' (BiT) or '', got {self.stem!r}.")
     out = {}
-    x = jnp.asarray(images, layers.compute_dtype(self.dtype))
+    x = jnp.asarray(images, blocks.compute_dtype(self.dtype))
     x = StdConv(make_divisible(self.stem_width * self.width_factor), 7, 2, self.ws_eps,
                 self.dtype, self.precision, name="stem_conv")(x)
     if self.stem == "fixed":
-      x = layers.max_pool(jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0))), 3, 2, 0)
+      x = blocks.max_pool(jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0))), 3, 2, 0)
     else:
-      x = layers.max_pool(x, 3, 2, 1)
+      x = blocks.max_pool(x, 3, 2, 1)
     out["stem"] = x
     for s, (depth, c) in enumerate(zip(self.depths, self.channels)):
       for b in range(depth):
@@ -175,7 +175,7 @@ class ResNetV2(nn.Module):
             self.precision, name=f"stage{s}_{b}")(x)
       out[f"stage{s + 1}"] = x
     x = GroupNormAct(self.groups, self.gn_eps, name="norm")(x)
-    x = out["pre_logits"] = layers.global_avg_pool(x)
+    x = out["pre_logits"] = blocks.global_avg_pool(x)
     if self.num_classes:
       x = out["logits"] = nn.Dense(self.num_classes, precision=self.precision, name="head")(x)
     return x, out

@@ -22,8 +22,7 @@ import numpy as np
 from fi_jax.common.outputs import Head
 from fi_jax.models import _checkpoints as ckpt
 from fi_jax.models import _releases as releases
-from fi_jax.models import vit
-from fi_jax.models import zero_shot_head as zero_shot
+from fi_jax.models import vit, zero_shot_head
 from fi_jax.models.convert import hf_siglip, readers
 from fi_jax.models.convert import torch_layers as tl
 from fi_jax.models.text import transformer as text_transformer
@@ -139,6 +138,6 @@ def load(init_params: Mapping[str, Any], init_files: Any, model_cfg: Optional[Ma
 
 def predictor(model: Model, params: Mapping[str, Any], config) -> tuple[Callable, Head]:
   """The pipeline's predictor: images -> (zero-shot logits, normalised image embedding), with
-  SigLIP's protocol (see zero_shot.predictor; config.zero_shot.tokenizer is required). The
+  SigLIP's protocol (see zero_shot_head.predictor; config.zero_shot.tokenizer is required). The
   head is `exp(t) * class_embeddings.T` with bias `b`, i.e. SigLIP's own logits."""
-  return zero_shot.predictor(model, params, config, "siglip")
+  return zero_shot_head.predictor(model, params, config, "siglip")

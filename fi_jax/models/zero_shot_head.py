@@ -20,7 +20,7 @@ import numpy as np
 
 from fi_jax.common import progress
 from fi_jax.common.outputs import Head
-from fi_jax.data import class_names as imagenet_names
+from fi_jax.data import class_names
 from fi_jax.models import _predictor, vit
 from fi_jax.models.text import clip_tokenizer, tokenizers
 
@@ -41,10 +41,10 @@ def templates_by_name(name: Union[str, Sequence[str]]) -> list[str]:
   """'clip_paper' (81), 'clip_best' (8), 'class_name_only' (1), or a list of templates."""
   if not isinstance(name, str):
     return list(name)
-  if name not in imagenet_names.PROMPT_TEMPLATES:
-    raise ValueError(f"Unknown prompt templates {name!r}; known: {sorted(imagenet_names.PROMPT_TEMPLATES)} "
+  if name not in class_names.PROMPT_TEMPLATES:
+    raise ValueError(f"Unknown prompt templates {name!r}; known: {sorted(class_names.PROMPT_TEMPLATES)} "
                      "or pass a list of '{}' templates.")
-  return list(imagenet_names.PROMPT_TEMPLATES[name])
+  return list(class_names.PROMPT_TEMPLATES[name])
 
 
 def openai_templates() -> list[str]:
@@ -57,7 +57,7 @@ def class_prompts(class_names: Optional[Sequence[str]] = None,
                   templates: Union[str, Sequence[str]] = "clip_paper", *,
                   canonicalize_text: bool = True, first_class_name_only: bool = False) -> list[list[str]]:
   """[C][T] prompt texts (ImageNet-1k CLIP names by default)."""
-  names = list(imagenet_names.IMAGENET_CLASS_NAMES if class_names is None else class_names)
+  names = list(class_names.IMAGENET_CLASS_NAMES if class_names is None else class_names)
   temps = templates_by_name(templates)
   if canonicalize_text:
     names = [canonicalize(n, keep=",") for n in names]
