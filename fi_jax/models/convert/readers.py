@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle  # only for its error type (a damaged torch file raises pickle.UnpicklingError)
 import re
 import struct
 import zipfile
@@ -196,7 +195,14 @@ def load_params(path: str, hint: str = "") -> dict:
 
 def _read_torch(path: str, hint: str) -> dict[str, np.ndarray]:
   """A torch.save state dict -> numpy, read without torch (allow-listed unpickling, as
-  torch.load(weights_only=True)); bfloat16 tensors become float32."""
+  torch.load(weights_only=True)); bfloat16 tensors become float32.
+
+  The arrays are read-only. They are what `torch_pickle.load` returns, views of the file's
+  storages (possibly non-contiguous, stride 0, or sharing memory with each other), never copied
+  here except for the bfloat16 -> float32 conversion, done once per distinct view. Consumers
+  copy when they need their own arrays (`keymap.apply` and `merge_params` cast with `astype`);
+  an in-place write raises instead of changing another tensor of the same storage. Any
+  unreadable file is one CheckpointError naming `path`."""
   if _is_torchscript(path):
     raise CheckpointError(
         f"{path!r} is a TorchScript archive (like OpenAI's original CLIP .pt files), not a "
@@ -204,10 +210,9 @@ def _read_torch(path: str, hint: str) -> dict[str, np.ndarray]:
   try:
     obj = torch_pickle.load(path)
   except torch_pickle.UnsupportedContent as e:
-    raise CheckpointError(f"Cannot read {path!r} as a PyTorch state dict: {e}. {hint}".strip()
-                          ) from None
-  except (zipfile.BadZipFile, EOFError, OSError, pickle.UnpicklingError, struct.error,
-          ValueError, KeyError, IndexError, TypeError) as e:
+    raise CheckpointError(f"Cannot read {path!r} as a PyTorch state dict: {e.reason}. "
+                          f"{hint}".strip()) from None
+  except torch_pickle.READ_ERRORS as e:   # load maps these itself; kept as a backstop
     raise CheckpointError(
         f"Cannot read {path!r} as a PyTorch state dict: the file is truncated or corrupt "
         f"({type(e).__name__}: {str(e)[:200]}). {hint}".strip()) from None
@@ -215,17 +220,30 @@ def _read_torch(path: str, hint: str) -> dict[str, np.ndarray]:
     raise CheckpointError(
         f"{path!r} holds a {type(obj).__name__}, not a state dict. {hint}".strip())
   out = {}
+  bf16 = _Bf16ToFloat32()
   for k, v in obj.items():
     if isinstance(v, Mapping):
-      out.update({f"{k}.{kk}": _float32_if_bf16(vv) for kk, vv in v.items()
-                  if isinstance(vv, np.ndarray)})
+      out.update({f"{k}.{kk}": bf16(vv) for kk, vv in v.items() if isinstance(vv, np.ndarray)})
     elif isinstance(v, np.ndarray):
-      out[k] = _float32_if_bf16(v)
+      out[k] = bf16(v)
   return out
 
 
-def _float32_if_bf16(a: np.ndarray) -> np.ndarray:
-  return a.astype(np.float32) if a.dtype == ml_dtypes.bfloat16 else a
+class _Bf16ToFloat32:
+  """bfloat16 arrays -> read-only float32 copies, one per distinct view (a tensor referenced
+  many times, e.g. tied weights, is converted once); other arrays unchanged."""
+
+  def __init__(self):
+    self._done: dict[tuple, np.ndarray] = {}
+
+  def __call__(self, a: np.ndarray) -> np.ndarray:
+    if a.dtype != ml_dtypes.bfloat16:
+      return a
+    key = (a.__array_interface__["data"][0], a.shape, a.strides)
+    if key not in self._done:
+      self._done[key] = a.astype(np.float32)
+      self._done[key].flags.writeable = False
+    return self._done[key]
 
 
 def _is_torchscript(path: str) -> bool:
@@ -234,7 +252,7 @@ def _is_torchscript(path: str) -> bool:
       return False
     with zipfile.ZipFile(path) as z:
       return any(n.split("/", 1)[-1].startswith("code/") for n in z.namelist()[:200])
-  except (zipfile.BadZipFile, OSError, EOFError):
+  except torch_pickle.READ_ERRORS:
     return False   # the torch reader reports the damaged file
 
 
