@@ -344,8 +344,7 @@ def _with_stat(out: detectors.Outputs, arrays: Arrays, name: str) -> detectors.O
 
 def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detectors.Head, *,
                log: Log = _no_log, keep_going: bool = False,
-               nonfinite: str = "error", stop: Optional[Any] = None,
-               take: Optional[Callable[[str], bool]] = None,
+               nonfinite: str = "error", take: Optional[Callable[[str], bool]] = None,
                on_scores: Optional[Callable[[str, dict], None]] = None) -> tuple[dict, dict]:
   """Fits every detector on "id_fit" and scores every other set, all inside one
   `detectors.shared()` scope (work common to several detectors is done once), in scoring blocks
@@ -355,11 +354,10 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
   contain NaN or inf on any set fails (`check_finite_scores`) and gets no scores. With
   `keep_going`, a detector that fails is logged and reported in the errors instead of ending
   the run. `nonfinite` ("error" | "drop") is passed to `Detector.fit`: what a fit row with a
-  NaN or inf does. With `stop` (a threading.Event), it returns early once `stop` is set (the
-  detector in progress finishes); with `take`, a detector runs only if `take(name)` (called
-  just before it) is true (fi_jax.run.compile_ahead shares the detectors between two threads this way).
-  `on_scores(detector, {set name: scores})` is called with
-  each detector's finite scores as soon as they exist (e.g. report.HistWriter.submit).
+  NaN or inf does. With `take`, a detector runs only if `take(name)`, called just before it,
+  is true (a caller that shares the detectors with another worker claims each one there).
+  `on_scores(detector, {set name: scores})` is called with each detector's finite scores as
+  soon as they exist (e.g. report.HistWriter.submit).
   """
   fit = outputs_of(sets["id_fit"])
   # one Outputs per set, so that detectors.shared() recognises the same arrays across detectors
@@ -371,8 +369,6 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
   largest = max((detectors.num_rows(out) for out in test_sets.values()), default=0)
   with detectors.shared(dets.values()), detectors.scoring_rows(largest):
     for name, det in dets.items():
-      if stop is not None and stop.is_set():
-        break
       if take is not None and not take(name):
         continue
       t = time.time()

@@ -107,8 +107,10 @@ def compile_ahead(specs: Mapping[str, dict], dets: Mapping[str, Any], predict, p
   pipeline.id_accuracy(fake["id_test"])
   head = detectors.Head(*(jax.numpy.asarray(np.asarray(a)) for a in (head.w, head.b)))
   backwards = dict(reversed(list(dets.items())))   # the run's own stage starts at the front
+  def select(name: str) -> bool:   # nothing more once stopped; else the caller's claim
+    return not stop.is_set() and (take is None or take(name))
   scores, _ = pipeline.score_sets(backwards, fake, head, keep_going=True, nonfinite=nonfinite,
-                                  stop=stop, take=take)
+                                  take=select)
   return list(scores)
 
 
