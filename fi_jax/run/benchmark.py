@@ -37,7 +37,7 @@ from fi_jax.extract import cache
 from fi_jax.extract import own_features as features
 from fi_jax.report import schema
 from fi_jax.run import compile_ahead as ahead_lib
-from fi_jax.run import preflight, validate
+from fi_jax.run import preflight, validate, workdirs
 from fi_jax.run.model import (
   LazyModel,
   cached_head,
@@ -196,10 +196,14 @@ def use_compilation_cache(path: Optional[str]) -> Optional[str]:
 
 
 def run(config, workdir: str, log: Log = log_on_process_0) -> dict:
-  """Runs the whole benchmark described by `config`; writes and returns the results."""
+  """Runs the whole benchmark described by `config`; writes and returns the results. The
+  workdir is made once the config's values and the preflight passed: a run that fails them
+  leaves no folder behind (one that existed before stays as it was)."""
   t_start = time.time()
   timings: dict[str, float] = {}
+  created = workdirs.missing(workdir)
   validate.validate_config(config, workdir)   # every bad value fails here, before any work
+  workdirs.remove_empty(created)   # it tested that the workdir can be made: made after preflight
   if config.get("x64", True):
     jax.config.update("jax_enable_x64", True)
   use_compilation_cache(config.get("compilation_cache_dir", None))

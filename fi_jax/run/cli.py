@@ -31,6 +31,7 @@ from ml_collections import config_flags  # noqa: E402
 
 import configs  # noqa: E402  (the bundled configs; `configs.common` is what config files import)
 from fi_jax.common import detector_names  # noqa: E402
+from fi_jax.run import workdirs  # noqa: E402
 
 _CONFIGS = os.path.dirname(os.path.abspath(configs.__file__))
 _DEMO = os.path.join(_CONFIGS, "demo.py")
@@ -302,27 +303,6 @@ def _end(code: int) -> None:
   sys.exit(code)
 
 
-def _missing_dirs(path: str) -> list[str]:
-  """The folders of `path` (itself and its parents) that do not exist yet, deepest first."""
-  out, path = [], os.path.abspath(path)
-  while path and not os.path.exists(path):
-    out.append(path)
-    parent = os.path.dirname(path)
-    if parent == path:
-      break
-    path = parent
-  return out
-
-
-def _remove_empty(dirs: list[str]) -> None:
-  """Removes the folders of `dirs` (deepest first) that are still empty."""
-  for d in dirs:
-    try:
-      os.rmdir(d)
-    except OSError:
-      return
-
-
 def main():
   """--help prints `help_text` (exit 0); a bad config path, arg, override or detector name
   gives one line on stderr and exit 2, before JAX is imported (the values that need the
@@ -346,13 +326,13 @@ def main():
       raise UsageError(f"config.detectors: {bad}")
     # every value checked now, before anything is read
     from fi_jax.run import validate
-    created = _missing_dirs(flags.FLAGS.workdir)
+    created = workdirs.missing(flags.FLAGS.workdir)
     validate.validate_config(flags.FLAGS.config, flags.FLAGS.workdir)
   except (UsageError, flags.Error, ValueError) as e:
-    _remove_empty(created)
+    workdirs.remove_empty(created)
     print(f"{_prog()}: error: " + " ".join(str(e).split()), file=sys.stderr)
     sys.exit(2)
-  _remove_empty(created)   # validate checked that it can be made; the run makes it
+  workdirs.remove_empty(created)   # validate checked that it can be made; the run makes it
   from absl import app
   app.run(_main, argv=argv)
 

@@ -136,6 +136,19 @@ def _check_set(set_name: str, spec: dict) -> Optional[str]:
   return p
 
 
+def _zoo_hint(label: str) -> Optional[str]:
+  """Where the weights of a published torchvision / timm model (configs/torchvision.py,
+  configs/timm.py: the model label is its zoo name) are downloaded; None for other labels."""
+  if not label.startswith(("torchvision/", "timm/")):
+    return None
+  from fi_jax.models import zoo  # imports every family: only for these labels
+  try:
+    url = zoo.resolve(label)["url"]
+  except (KeyError, ValueError):
+    return None
+  return f"Download {label}'s weights from {url} and pass the local path."
+
+
 def check_model(config) -> list[str]:
   """Problems of the checkpoint, tokenizer and head files, and of a missing checkpoint."""
   problems = []
@@ -148,6 +161,7 @@ def check_model(config) -> list[str]:
     path, hint = releases.resolve_vanity(ckpt, {**releases.VANITY_NAMES,
                                                 **releases.SIGLIP_RELEASES})
     path = readers.split_subkey(path)[0]
+    hint = _zoo_hint(label) or hint
     p = _readable(path, "checkpoint", f"{hint} (config argument ckpt=PATH; release names are "
                   f"looked up in ${releases.CHECKPOINT_DIR_ENV}.)")
     if p:
