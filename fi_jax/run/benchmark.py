@@ -213,6 +213,8 @@ def run(config, workdir: str, log: Log = log_on_process_0) -> dict:
   t = time.time()
   preflight.run(config, specs)     # every set, file and checkpoint: all problems at once
   log(f"Preflight: {len(specs)} sets and the model's files are in place ({time.time() - t:.1f} s).")
+  for note in preflight.notes(specs):   # a per-class fit set smaller than asked, with numbers
+    log(note)
   os.makedirs(workdir, exist_ok=True)
   random_init = bool(config.get("random_init", False))
   if random_init and not config.get("model_init"):
