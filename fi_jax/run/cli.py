@@ -304,7 +304,7 @@ def _end(code: int) -> None:
 
 
 def main():
-  """--help prints `help_text` (exit 0); a bad config path, arg, override or detector name
+  """--help prints `help_text` (exit 0), --helpfull adds every flag of the config given; a bad config path, arg, override or detector name
   gives one line on stderr and exit 2, before JAX is imported (the values that need the
   detectors' hyper-parameter checks: after it); then the run. The checks leave no workdir
   behind: `benchmark.run` creates it once its preflight passed."""
@@ -320,6 +320,9 @@ def main():
     config = _load_config(spec)
     _check_overrides(config, argv)
     _define_flags(config, argv)
+    if "--helpfull" in argv[1:]:   # every flag, the config's fields (as overrides) included
+      print(help_text(_prog()) + "\nEvery flag:\n" + flags.FLAGS.get_help())
+      sys.exit(0)
     argv = flags.FLAGS(argv)   # applies the overrides; bad values raise flags.Error
     bad = detector_names.unknown(tuple(flags.FLAGS.config.get("detectors", ())))
     if bad:

@@ -88,3 +88,10 @@ def test_a_bad_value_after_jax_leaves_no_workdir(tmp_path):
                          f"--workdir={tmp_path}/a/b")
   assert code == 2 and "hyper-parameter" in err
   assert not os.path.exists(tmp_path / "a")
+
+
+def test_helpfull_adds_every_flag_of_the_config_without_jax():
+  code, out, err, jax_imported = _cli("--config=configs/vit.py", "--helpfull")
+  assert code == 0 and not jax_imported
+  assert out.startswith("usage: main.py ") and "\nEvery flag:\n" in out
+  assert "--workdir: Where results" in out and "n_bootstrap: 0" in out
