@@ -258,6 +258,11 @@ def help_text(prog: str) -> str:
 
 # ------------------------------------------------------------------------------------- run
 
+# The workdir's folders this process's checks made (`main`): a run that fails removes them
+# while they are empty (a failed preflight; not the cache of a run that did work).
+_CREATED: list[str] = []
+
+
 def _main(argv):
   del argv
   import jax  # noqa: F401  (the run: JAX starts here)
@@ -282,6 +287,7 @@ def _main(argv):
     # Finished work is already in the workdir's cache. FI_JAX_TRACEBACK=1 shows the trace.
     if os.environ.get("FI_JAX_TRACEBACK"):
       raise
+    workdirs.remove_empty(_CREATED)   # a failed preflight leaves no workdir behind
     print(f"{_prog()}: error: {e}", file=sys.stderr)
     _end(2)
 
@@ -306,8 +312,8 @@ def _end(code: int) -> None:
 def main():
   """--help prints `help_text` (exit 0), --helpfull adds every flag of the config given; a bad config path, arg, override or detector name
   gives one line on stderr and exit 2, before JAX is imported (the values that need the
-  detectors' hyper-parameter checks: after it); then the run. The checks leave no workdir
-  behind: `benchmark.run` creates it once its preflight passed."""
+  detectors' hyper-parameter checks: after it); then the run. A failed check or preflight
+  leaves no workdir behind (only the folders this run made, and only while empty)."""
   if any(a in _HELP_FLAGS for a in sys.argv[1:sys.argv.index("--") if "--" in sys.argv else None]):
     print(help_text(_prog()))
     sys.exit(0)
@@ -335,7 +341,7 @@ def main():
     workdirs.remove_empty(created)
     print(f"{_prog()}: error: " + " ".join(str(e).split()), file=sys.stderr)
     sys.exit(2)
-  workdirs.remove_empty(created)   # validate checked that it can be made; the run makes it
+  _CREATED[:] = created   # removed again (while empty) if the run fails
   from absl import app
   app.run(_main, argv=argv)
 

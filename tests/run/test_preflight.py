@@ -1,12 +1,16 @@
 """Preflight in the first hour: a failed one leaves no workdir, a missing published checkpoint
 says where to download it (issue 33)."""
 import os
+import subprocess
+import sys
 
 import pytest
 
 from configs import timm, torchvision, vit
 from fi_jax.run import benchmark as run
 from fi_jax.run import preflight
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("workdir", ["wd", "a/b/wd"])
@@ -24,6 +28,15 @@ def test_a_failed_preflight_keeps_an_existing_workdir_as_it_was(tmp_path):
   with pytest.raises(preflight.PreflightError):
     run.run(c, str(tmp_path / "wd"), log=lambda s: None)
   assert os.listdir(tmp_path / "wd") == ["notes.txt"]
+
+
+def test_main_py_leaves_no_workdir_after_a_failed_preflight(tmp_path):
+  res = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "main.py"),
+       f"--config=configs/vit.py:data_dir={tmp_path}/tfds,ood=ninco,random_init=True",
+       f"--workdir={tmp_path}/a/wd"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert res.returncode == 2 and "preflight found" in res.stderr, res.stderr[-2000:]
+  assert os.listdir(tmp_path) == []
 
 
 def test_missing_torchvision_checkpoint_points_to_download_pytorch_org(tmp_path):
