@@ -154,6 +154,41 @@ def _check_overrides(config: ml_collections.ConfigDict, argv: list[str]) -> None
       node = node[part]
 
 
+def assigned_fields(path: str) -> set[str]:
+  """The field names a config file (with configs/common.py, which every bundled config builds
+  on) assigns as `x.name = ...` or `x["name"] = ...`: a superset of the top-level fields its
+  get_config() returns (tests/run/test_cli.py pins that for every bundled config)."""
+  out = set()
+  for file in (path, os.path.join(_CONFIGS, "common.py")):
+    with open(file) as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      targets = (node.targets if isinstance(node, ast.Assign) else
+                 [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+      for t in targets:
+        if isinstance(t, ast.Attribute):
+          out.add(t.attr)
+        elif isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant):
+          out.add(str(t.slice.value))
+  return out
+
+
+def _precheck_overrides(spec: str, argv: list[str]) -> None:
+  """Before a bundled config loads (torchvision.py and timm.py read the model zoo, which
+  imports every model family and so JAX): an override whose first field the file can never
+  define is a UsageError with the suggestions `_check_overrides` gives on the base config.
+  Files outside configs/ are checked once loaded."""
+  path = _config_path(spec)
+  if os.path.dirname(os.path.abspath(path)) != _CONFIGS:
+    return
+  from configs import common  # no JAX
+  base, fields = common.base_config(), assigned_fields(path)
+  for field, _ in _overrides(argv):
+    top = field.split(".")[0]
+    if top not in base and top not in fields:
+      _check_overrides(base, [argv[0], f"--config.{field}"])
+
+
 def _check_detector_overrides(argv: list[str]) -> None:
   """Every detector name in a --config.detectors=... override is registered (a UsageError
   with the closest names otherwise); read from the text, before any config loads."""
@@ -321,7 +356,7 @@ def main():
   try:
     # --flagfile=FILE expanded first, so that a --config in it is found too.
     spec, argv = _split_config_flag(flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False))
-    _config_path(spec)
+    _precheck_overrides(spec, argv)
     _check_detector_overrides(argv)
     config = _load_config(spec)
     _check_overrides(config, argv)

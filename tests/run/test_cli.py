@@ -70,6 +70,9 @@ def test_builders_cli_has_help():
      "main.py: error: --config.detectors: unknown detector 'energie'; did you mean 'energy'?"),
     (["--config=configs/torchvision.py", "--config.detectors=energie"],
      "main.py: error: --config.detectors: unknown detector 'energie'; did you mean 'energy'?"),
+    (["--config=configs/torchvision.py", "--config.n_bootstrap=100"],   # the zoo needs JAX
+     "main.py: error: unknown config field --config.n_bootstrap (did you mean "
+     "--config.metrics.n_bootstrap?); overrides can only set fields the config file defines"),
     (["--config.metrics.n_bootstrp=3"],
      "main.py: error: unknown config field --config.metrics.n_bootstrp (did you mean "
      "--config.metrics.n_bootstrap?); overrides can only set fields the config file defines"),
@@ -95,3 +98,13 @@ def test_helpfull_adds_every_flag_of_the_config_without_jax():
   assert code == 0 and not jax_imported
   assert out.startswith("usage: main.py ") and "\nEvery flag:\n" in out
   assert "--workdir: Where results" in out and "n_bootstrap: 0" in out
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_bundled_config_defines_only_fields_its_source_assigns(name):
+  # what lets an override of another field fail before the config (and so JAX) loads
+  import importlib
+
+  from fi_jax.run import cli
+  config = importlib.import_module(f"configs.{name[:-3]}").get_config()
+  assert set(config.keys()) <= cli.assigned_fields(os.path.join(ROOT, "configs", name))
