@@ -3,7 +3,10 @@
 Without --config it runs the embedded demo (configs/demo.py). A --config path that does not
 exist but names one of the bundled configs (configs/vit.py, ...) is read from the installed
 `configs` package, so `fi-jax --config=configs/vit.py:...` works outside the repository too.
-See README.md.
+`--help` / `-h` lists the bundled configs with their arguments, the common overrides and the
+docs (`help_text`); `--helpfull` adds every flag. Those, and a misspelled config file, override
+field or detector name (one `main.py: error: ... did you mean ...` line, exit 2), answer before
+JAX is imported. See README.md.
 """
 from __future__ import annotations
 
