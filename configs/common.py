@@ -5,10 +5,11 @@ import re
 
 import ml_collections
 
-from fi_jax import detectors
+from fi_jax.common import detector_names
 
 # The detectors that need only logits/features of a classifier and fit in seconds; configs
-# extend this list (see fi_jax.detectors.names() for all).
+# extend this list (see fi_jax.detectors.names() for all). Nothing here imports JAX: the
+# command line loads a config (and checks its overrides) before JAX starts.
 LOGIT_DETECTORS = ("msp", "maxlogit", "energy")
 
 
@@ -19,11 +20,12 @@ def posthoc_detectors(odin: bool = False, model_name: str | None = None,
   families (`model_families`: RankFeat) only when `model_name` is one of them, and the layer
   detectors (mdsens, gram: every set, the fit set included, is then extracted with per-block
   columns of up to ~400 KB per image; docs/detectors.md#layer-scores) only on request."""
-  def wanted(cls) -> bool:
-    families = cls.model_families
-    return ((odin or "inputs" not in cls.needs) and (layers or "layers" not in cls.needs)
+  def wanted(name: str) -> bool:
+    families = detector_names.MODEL_FAMILIES.get(name)
+    return ((odin or name not in detector_names.INPUT_GRADIENT)
+            and (layers or name not in detector_names.LAYERS)
             and (families is None or model_name is None or model_name in families))
-  return tuple(n for n in detectors.names() if wanted(detectors.REGISTRY[n]))
+  return tuple(n for n in detector_names.NAMES if wanted(n))
 
 
 def parse_arg(arg: str | None, **defaults):

@@ -10,7 +10,7 @@ then the standard pipeline extracts features and logits, runs the detectors and 
 import ml_collections
 
 from configs import common
-from fi_jax import detectors
+from fi_jax.common import detector_names
 
 ID_DIGITS = (0, 1, 2, 3, 4, 5)
 OOD_DIGITS = (6, 7, 8, 9)
@@ -39,7 +39,7 @@ def get_config(arg=None):
       "digits_6-9": dict(source="digits", split="test", classes=OOD_DIGITS,
                          id_classes=ID_DIGITS)})
   # Every detector fi_jax has (ODIN included); quick keeps the logit ones for fast tests.
-  c.detectors = tuple(common.LOGIT_DETECTORS) if arg.quick else tuple(detectors.names())
+  c.detectors = tuple(common.LOGIT_DETECTORS) if arg.quick else tuple(detector_names.NAMES)
   # The demo's fit set has ~760 images: neighbour counts sized for it (the ImageNet presets use
   # k=1000 / k=50 on 1.28M images); NNGuide keeps the whole fit set as its bank.
   # NECO's 100 principal directions are 13% of a ViT-B's 768 features: 8 of the demo's 64.

@@ -20,7 +20,12 @@ from tfds_fi_imagenet.inaturalist_ood import inaturalist_ood_dataset_builder  # 
 from tfds_fi_imagenet.ninco import ninco_dataset_builder  # noqa: F401
 from tfds_fi_imagenet.openimage_o import openimage_o_dataset_builder  # noqa: F401
 from tfds_fi_imagenet.ssb_hard import ssb_hard_dataset_builder  # noqa: F401
-from tfds_fi_imagenet.subsets import per_class_subset, per_class_subset_counts
+from tfds_fi_imagenet.subsets import (
+  per_class_available,
+  per_class_subset,
+  per_class_subset_counts,
+)
 from tfds_fi_imagenet.textures_ood import textures_ood_dataset_builder  # noqa: F401
 
-__all__ = ["DATASETS", "build_dataset", "per_class_subset", "per_class_subset_counts"]
+__all__ = ["DATASETS", "build_dataset", "per_class_available", "per_class_subset",
+           "per_class_subset_counts"]

@@ -11,9 +11,10 @@ Use on every process with the *whole* split, then each process keeps its share:
 
   ds = builder.as_dataset(split="train", shuffle_files=False,
                           decoders={"image": tfds.decode.SkipDecoding()})
+  total = per_class_available(ds, 10, 1000).sum()   # 10 * 1000, or fewer when classes lack images
   ds = per_class_subset(ds, n_per_class=10, num_classes=1000,
                         process_index=jax.process_index(), process_count=jax.process_count())
-  counts = per_class_subset_counts(10, 1000, jax.process_count())   # examples per process
+  counts = per_class_subset_counts(10, 1000, jax.process_count(), total)   # per process
 
 (A selection done after splitting the split per process would give n per class *per
 process*, not n per class in total.)
@@ -66,8 +67,32 @@ def per_class_subset(ds, n_per_class: int, num_classes: int, *, label_key: str =
 
 
 def per_class_subset_counts(n_per_class: int, num_classes: int,
-                            process_count: int = 1) -> list[int]:
-  """Examples per process of `per_class_subset` when every class has >= n_per_class."""
-  total = n_per_class * num_classes
+                            process_count: int = 1, total: int | None = None) -> list[int]:
+  """Examples per process of `per_class_subset`: of `total` selected examples (the real count,
+  `per_class_available(...).sum()`), or of n_per_class * num_classes when every class has
+  at least n_per_class (total=None)."""
+  if total is None:
+    total = n_per_class * num_classes
   return [int(c) for c in np.array([total // process_count] * process_count)
           + (np.arange(process_count) < total % process_count)]
+
+
+def per_class_available(ds, n_per_class: int, num_classes: int, *,
+                        label_key: str = "label", chunk: int = 4096) -> np.ndarray:
+  """How many examples `per_class_subset` selects of each class: int64 [num_classes], each
+  min(n_per_class, the examples of that class in `ds`). Reads only the labels (pass `ds`
+  with images undecoded) and stops, like the selection, once every class has n_per_class; a
+  split that lacks some classes, or has fewer of them, is read to its end."""
+  import tensorflow as tf  # lazy: TF costs ~6 s
+  if n_per_class < 1 or num_classes < 1:
+    raise ValueError(f"n_per_class ({n_per_class}) and num_classes ({num_classes}) must be "
+                     ">= 1.")
+  counts = np.zeros(num_classes, np.int64)
+  labels = ds.map(lambda ex: tf.cast(ex[label_key], tf.int64)).batch(chunk)
+  for y in labels.as_numpy_iterator():
+    y = y[(y >= 0) & (y < num_classes)]
+    counts += np.bincount(y, minlength=num_classes)
+    np.minimum(counts, n_per_class, out=counts)
+    if counts.min() >= n_per_class:
+      break
+  return counts

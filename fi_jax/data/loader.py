@@ -149,7 +149,9 @@ def _tfds_source(spec: dict, process_index: int, process_count: int):
     ds = subsets.per_class_subset(builder.as_dataset(split=split, **read), per_class,
                                   num_classes, label_key=label_key)
     ds = ds.enumerate().shard(process_count, process_index)
-    counts = subsets.per_class_subset_counts(per_class, num_classes, process_count)
+    # what the split really holds (fewer classes or images than asked: those, never padding)
+    total = int(sum(per_class_counts(spec)))
+    counts = subsets.per_class_subset_counts(per_class, num_classes, process_count, total)
     start = 0
   else:
     parts = tfds.even_splits(split, n=process_count)
@@ -168,6 +170,33 @@ def _tfds_source(spec: dict, process_index: int, process_count: int):
     }
   ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds, SetInfo(sum(counts), counts, num_classes)
+
+
+def per_class_counts(spec: dict) -> np.ndarray:
+  """The examples a tfds spec with `per_class` selects of each class: int64 [num_classes],
+  each min(per_class, that class's examples in the split). Counted once per process and
+  spec (the labels only, until every class has `per_class`); a split with fewer classes
+  or images than asked has fewer, and the set is planned at that size."""
+  key = tuple(spec.get(k) or None for k in ("name", "split", "data_dir", "per_class"))
+  return np.array(_per_class_counts(*key, spec.get("label_key", "label"),
+                                    spec.get("image_key", "image")), np.int64)
+
+
+@functools.lru_cache(maxsize=16)
+def _per_class_counts(name, split, data_dir, per_class, label_key, image_key) -> tuple[int, ...]:
+  import tensorflow_datasets as tfds
+
+  from tfds_fi_imagenet import subsets
+  _tf()   # TF set up (GPUs hidden) before TFDS reads
+  builder = tfds.builder(name, data_dir=data_dir)
+  feature = builder.info.features[label_key] if label_key in builder.info.features else None
+  num_classes = getattr(feature, "num_classes", None)
+  if not num_classes:
+    raise ValueError(f"per_class needs a ClassLabel {label_key!r} in {name}.")
+  ds = builder.as_dataset(split=split or "test", shuffle_files=False,
+                          decoders={image_key: tfds.decode.SkipDecoding()})
+  return tuple(int(c) for c in subsets.per_class_available(ds, int(per_class), num_classes,
+                                                           label_key=label_key))
 
 
 def open_set(spec: dict, process_index: int = 0, process_count: int = 1):

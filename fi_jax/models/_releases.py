@@ -52,7 +52,9 @@ def download_hint(path: str) -> str:
               f"{url[len('gs://'):]}) and pass the local path.")
   return ("big_vision ViT checkpoints are at gs://big_vision/ (e.g. gs://big_vision/vit_s16_i1k_300ep.npz), "
           "AugReg ones at gs://vit_models/augreg/, SigLIP at gs://big_vision/siglip/ and "
-          "gs://big_vision/siglip2/; timm / HF weights are the repo's model.safetensors.")
+          "gs://big_vision/siglip2/; torchvision weights at https://download.pytorch.org/models/ "
+          "(one model's url: `zoo.resolve(\"torchvision/<name>\")[\"url\"]`); timm / HF weights "
+          "are the repo's model.safetensors.")
 
 
 # ----------------------------------------------------------------------------- SigLIP / SigLIP 2

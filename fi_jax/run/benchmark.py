@@ -37,7 +37,7 @@ from fi_jax.extract import cache
 from fi_jax.extract import own_features as features
 from fi_jax.report import schema
 from fi_jax.run import compile_ahead as ahead_lib
-from fi_jax.run import preflight, validate
+from fi_jax.run import preflight, validate, workdirs
 from fi_jax.run.model import (
   LazyModel,
   cached_head,
@@ -195,20 +195,36 @@ def use_compilation_cache(path: Optional[str]) -> Optional[str]:
   return path or None
 
 
-def run(config, workdir: str, log: Log = log_on_process_0) -> dict:
-  """Runs the whole benchmark described by `config`; writes and returns the results."""
-  t_start = time.time()
-  timings: dict[str, float] = {}
+def _checks(config, workdir: str, log: Log) -> tuple[dict, dict]:
+  """(detectors, set specs) once every value (`validate`), detector and set, file and
+  checkpoint (`preflight`) passed; logs what preflight notes (a per-class fit set smaller
+  than asked, with its numbers)."""
   validate.validate_config(config, workdir)   # every bad value fails here, before any work
   if config.get("x64", True):
     jax.config.update("jax_enable_x64", True)
   use_compilation_cache(config.get("compilation_cache_dir", None))
-
   dets = config_detectors(config)   # fails fast on unknown detector names / hparams
   specs = config_specs(config)
   t = time.time()
   preflight.run(config, specs)     # every set, file and checkpoint: all problems at once
   log(f"Preflight: {len(specs)} sets and the model's files are in place ({time.time() - t:.1f} s).")
+  for note in preflight.notes(specs):
+    log(note)
+  return dets, specs
+
+
+def run(config, workdir: str, log: Log = log_on_process_0) -> dict:
+  """Runs the whole benchmark described by `config`; writes and returns the results. A run
+  that fails its checks (the config's values, preflight) leaves none of the workdir's folders
+  it made behind (a workdir that existed before stays as it was)."""
+  t_start = time.time()
+  timings: dict[str, float] = {}
+  created = workdirs.missing(workdir)   # what validate's writability test makes
+  try:
+    dets, specs = _checks(config, workdir, log)
+  except BaseException:
+    workdirs.remove_empty(created)   # a failed check leaves no workdir behind
+    raise
   os.makedirs(workdir, exist_ok=True)
   random_init = bool(config.get("random_init", False))
   if random_init and not config.get("model_init"):

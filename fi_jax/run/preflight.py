@@ -9,6 +9,9 @@ it checks, without reading any data:
   * the checkpoint, head and tokenizer files exist and are readable;
   * a config with a released-model architecture but no checkpoint and no training is refused
     unless `random_init=True` says that random weights are meant.
+`notes(specs)` then says what the run will use where it is less than the config asks: a
+per-class subset (`per_class`, the configs' `fit_per_class`) of a split with fewer classes or
+images (its labels are counted, nothing else is read); the run plans exactly those examples.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Any, Mapping, Optional
 from absl import logging
 
 from fi_jax import detectors
+from fi_jax.data import loader
 from fi_jax.models import _releases as releases
 from fi_jax.models.convert import readers
 
@@ -136,6 +140,19 @@ def _check_set(set_name: str, spec: dict) -> Optional[str]:
   return p
 
 
+def _zoo_hint(label: str) -> Optional[str]:
+  """Where the weights of a published torchvision / timm model (configs/torchvision.py,
+  configs/timm.py: the model label is its zoo name) are downloaded; None for other labels."""
+  if not label.startswith(("torchvision/", "timm/")):
+    return None
+  from fi_jax.models import zoo  # imports every family: only for these labels
+  try:
+    url = zoo.resolve(label)["url"]
+  except (KeyError, ValueError):
+    return None
+  return f"Download {label}'s weights from {url} and pass the local path."
+
+
 def check_model(config) -> list[str]:
   """Problems of the checkpoint, tokenizer and head files, and of a missing checkpoint."""
   problems = []
@@ -148,6 +165,7 @@ def check_model(config) -> list[str]:
     path, hint = releases.resolve_vanity(ckpt, {**releases.VANITY_NAMES,
                                                 **releases.SIGLIP_RELEASES})
     path = readers.split_subkey(path)[0]
+    hint = _zoo_hint(label) or hint
     p = _readable(path, "checkpoint", f"{hint} (config argument ckpt=PATH; release names are "
                   f"looked up in ${releases.CHECKPOINT_DIR_ENV}.)")
     if p:
@@ -209,6 +227,27 @@ def check(config, specs: Optional[Mapping[str, Mapping]] = None) -> list[str]:
     if p:
       problems.append(p)
   return problems
+
+
+def notes(specs: Mapping[str, Mapping]) -> list[str]:
+  """One line per tfds set whose `per_class` subset is smaller than per_class x its classes,
+  with the numbers (asked, classes present, examples selected); [] when every set is as
+  asked. Call after `run` passed (the sets exist)."""
+  out = []
+  for set_name, spec in specs.items():
+    spec = dict(spec)
+    n = spec.get("per_class")
+    if spec.get("source") != "tfds" or not n:
+      continue
+    counts = loader.per_class_counts(spec)
+    k, total = len(counts), int(counts.sum())
+    if total < n * k:
+      short = int((counts < n).sum())
+      out.append(f"{set_name}: per_class={n} asks for {n} images of each of {k} classes "
+                 f"({n * k}); {spec.get('name')} {spec.get('split', 'test')} has "
+                 f"{int((counts > 0).sum())} of the {k} classes ({short} with fewer than {n} "
+                 f"images): the run uses the {total} it has.")
+  return out
 
 
 def run(config, specs: Optional[Mapping[str, Mapping]] = None) -> None:

@@ -87,8 +87,8 @@ def test_dotted_override_reaches_the_pipeline(tmp_path):
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--config=configs/nope.py"], "cannot load the --config file"),
-    (["--config.nope=1"], "unknown config field 'nope'"),
+    (["--config=configs/nope.py"], "no such file 'configs/nope.py'"),
+    (["--config.nope=1"], "unknown config field --config.nope"),
     (["--config.batch_size=abc"], "batch_size"),
     (["--config=configs/demo.py:bogus"], "Unknown config argument 'bogus'"),
 ])
