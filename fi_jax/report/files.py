@@ -11,7 +11,8 @@ per-example scores (scores/id_test.npz, scores/ood/<set>.npz).
                  detector listed (failed ones with their reason), then per-class tables
   per_class/<ood set>/<detector>.csv   metrics of every OOD class against all ID images
   scores/id_test.npz, scores/ood/<set>.npz   per-example scores: `id` (the example's index in
-                 its set), `label`, `group`, and one float array per detector (higher = more ID)
+                 its set, the dataset's own numbering even where rows were dropped), `label`,
+                 `group`, and one float array per detector (higher = more ID)
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from fi_jax.common import columns
 from fi_jax.report import schema, tables
 from fi_jax.report.schema import failures, lower_is_better
 
@@ -135,15 +137,17 @@ def write(results: Mapping, workdir: str) -> None:
 
 def write_scores(workdir: str, scores: Mapping[str, Mapping[str, np.ndarray]],
                  sets: Mapping[str, Mapping[str, np.ndarray]]) -> list[str]:
-  """scores/<set>.npz for id_test and every OOD set ("ood/x" -> scores/ood/x.npz): `id`
-  (index of the example in its set), `label`, `group` and one float array per detector.
-  Returns the files written."""
+  """scores/<set>.npz for id_test and every OOD set ("ood/x" -> scores/ood/x.npz): `id` (the
+  example's index in its set: the set's `_id` column where it has one, i.e. where
+  `pipeline.drop_nonfinite` dropped rows, else the row number), `label`, `group` and one float
+  array per detector. Returns the files written."""
   written = []
   for set_name, arrays in sets.items():
     if set_name == "id_fit":
       continue
     n = len(arrays["logits"])
-    cols = {"id": np.arange(n, dtype=np.int64)}
+    ids = arrays.get(columns.ID)
+    cols = {"id": np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, np.int64)}
     for k in ("label", "group"):
       if k in arrays:
         cols[k] = np.asarray(arrays[k], np.int64)
