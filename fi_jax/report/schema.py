@@ -62,6 +62,7 @@ class Failure(TypedDict):
 
 
 class Meta(TypedDict, total=False):
+  run_id: str              # the run's identity (uuid4 hex), also in each of its scores files
   config: dict
   workdir: str
   versions: dict
@@ -138,10 +139,11 @@ def jsonable(x: Any) -> Any:
   return x
 
 
-def load(workdir: str) -> Results:
-  """`<workdir>/results.json` checked against the schema; ResultsError naming the file (and
-  what is wrong) otherwise. Results written before the schema version existed are read too."""
-  path = os.path.join(workdir, "results.json")
+def load(workdir: str, folder: Optional[str] = None) -> Results:
+  """`<folder>/results.json` (default folder: `workdir`) checked against the schema;
+  ResultsError naming the file (and what is wrong) otherwise. Results written before the
+  schema version existed are read too."""
+  path = os.path.join(folder or workdir, "results.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{workdir} has no results.json; run main.py with "
                             f"--workdir={workdir} first.")

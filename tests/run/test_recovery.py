@@ -208,7 +208,7 @@ def test_dropped_rows_leave_the_others_their_example_ids(tmp_path):
   np.testing.assert_array_equal(out["ood/x"]["_id"], [0, 3, 5])
   assert "_id" not in out["id_test"]
   scores = {"msp": {"id_test": np.arange(4.0), "ood/x": np.array([10.0, 13.0, 15.0])}}
-  report.write_scores(str(tmp_path), scores, out)
+  report.write_scores(str(tmp_path), scores, out, run_id="r1")
   z = report.load_scores(str(tmp_path), "ood/x")
   np.testing.assert_array_equal(z["id"], [0, 3, 5])
   np.testing.assert_array_equal(z["msp"], [10.0, 13.0, 15.0])
