@@ -12,11 +12,12 @@ v1.5's convention — see docs/metrics.md for the exact definitions.
 May import: fi_jax.common, fi_jax.data, fi_jax.models, fi_jax.extract, fi_jax.detectors,
 fi_jax.metrics.
 """
-from fi_jax.report.compare import compare, paired_tests
+from fi_jax.report.compare import compare, load_runs, paired_tests
 from fi_jax.report.files import (
   INCOMPLETE,
   REPORT_ENTRIES,
   REPORT_LINK,
+  ScoresError,
   StagedReport,
   load_results,
   load_scores,
@@ -39,8 +40,8 @@ from fi_jax.report.schema import (
 from fi_jax.report.tables import per_class_tables, ranked_detectors, sort_spec, table
 
 __all__ = ["HistWriter", "INCOMPLETE", "REPORT_ENTRIES", "REPORT_LINK", "ResultsError",
-           "StagedReport", "compare", "configured_detectors", "failures", "heatmap",
-           "load_results", "load_scores", "lower_is_better", "new_run_id", "ood_sets",
-           "paired_tests", "per_class_tables", "predicted_as", "ranked_detectors",
-           "report_folder", "sort_spec", "table", "versions", "write", "write_hist",
-           "write_per_class", "write_plots", "write_scores"]
+           "ScoresError", "StagedReport", "compare", "configured_detectors", "failures",
+           "heatmap", "load_results", "load_runs", "load_scores", "lower_is_better",
+           "new_run_id", "ood_sets", "paired_tests", "per_class_tables", "predicted_as",
+           "ranked_detectors", "report_folder", "sort_spec", "table", "versions", "write",
+           "write_hist", "write_per_class", "write_plots", "write_scores"]

@@ -60,6 +60,9 @@ _STAGING_MAX_AGE_S = 86400  # a staging folder without a writer lock older than 
 SCORE_FILE_COLUMNS = ("id", "label", "group", "run_id")
 
 
+class ScoresError(ValueError):
+  """A per-example scores file that cannot be read or is not one fi_jax wrote."""
+
 
 def versions() -> dict[str, str]:
   out = {}
@@ -201,13 +204,60 @@ def write_scores(workdir: str, scores: Mapping[str, Mapping[str, np.ndarray]],
 def load_scores(workdir: str, set_name: str, folder: Optional[str] = None,
                 ) -> dict[str, np.ndarray]:
   """The arrays of scores/<set>.npz ("id_test" or "ood/<name>") of `workdir`'s report (in
-  `folder`, a `report_folder(workdir)` resolved earlier, if given)."""
+  `folder`, a `report_folder(workdir)` resolved earlier, if given): `id`, `label`, `group`,
+  `run_id` (files written before run ids: none) and one array per detector. FileNotFoundError
+  when the file is absent; ScoresError naming the file when it is damaged, not an .npz archive
+  or not shaped like a scores file (`id` a 1-D integer array, every other array but `run_id`
+  1-D of the same length)."""
   path = os.path.join(folder or workdir, "scores", set_name + ".npz")
   if not os.path.exists(path):
     raise FileNotFoundError(f"No per-example scores {path}; rerun that workdir's config with "
                             "this version of fi_jax (the feature cache makes it quick).")
-  with np.load(path, allow_pickle=False) as z:
-    return {k: z[k] for k in z.files}
+  try:
+    archive = np.load(path, allow_pickle=False)
+  except Exception as e:  # truncated, empty, damaged zip, unreadable, not numpy's at all
+    raise _unreadable(path, e, "neither an .npz archive nor a .npy array") from None
+  if not isinstance(archive, np.lib.npyio.NpzFile):
+    raise ScoresError(f"{path}: not a scores file (a single .npy array, not an .npz archive "
+                      "of named arrays).")
+  try:
+    with archive as z:
+      out = {k: z[k] for k in z.files}
+  except Exception as e:  # a damaged member (CRC, truncated data, object arrays)
+    raise _unreadable(path, e, "an array of Python objects") from None
+  _check_scores(path, out)
+  return out
+
+
+def _unreadable(path: str, error: Exception, pickle_means: str) -> ScoresError:
+  """The ScoresError of a file numpy could not read; numpy's advice to load pickles (which
+  would run code from the file) becomes what the file is."""
+  if isinstance(error, ValueError) and "pickle" in str(error):
+    return ScoresError(f"{path}: not a scores file ({pickle_means}; fi_jax writes .npz "
+                       "archives of numeric arrays and never loads pickled data).")
+  return ScoresError(f"{path}: not a readable scores file ({type(error).__name__}: {error}).")
+
+
+def _check_scores(path: str, arrays: Mapping[str, np.ndarray]) -> None:
+  ids = arrays.get("id")
+  if ids is None or ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+    raise ScoresError(f"{path}: not a scores file (no 1-D integer `id` array of example ids; "
+                      f"it has {sorted(arrays)}).")
+  run_id = arrays.get("run_id")
+  if run_id is not None and (run_id.ndim != 0 or run_id.dtype.kind != "U"):
+    raise ScoresError(f"{path}: `run_id` is not a string.")
+  for k, v in arrays.items():
+    if k in ("id", "run_id"):
+      continue
+    if v.shape != ids.shape or not (np.issubdtype(v.dtype, np.number) or v.dtype == bool):
+      raise ScoresError(f"{path}: array {k!r} ({v.dtype}, shape {v.shape}) does not match the "
+                        f"{len(ids)} example ids; not a scores file fi_jax wrote.")
+
+
+def scores_run_id(arrays: Mapping[str, np.ndarray]) -> Optional[str]:
+  """The run id a scores file records (None: written before run ids)."""
+  run_id = arrays.get("run_id")
+  return None if run_id is None else str(run_id)
 
 
 # ----------------------------------------------------------------------------- publishing
