@@ -287,7 +287,10 @@ def drop_nonfinite(sets: Mapping[str, Arrays], mode: str = "error", log: Log = _
 
   mode "error": a set with non-finite rows raises one ValueError naming the set, the count
   and the first example ids; mode "drop": those rows are removed from the set (all its arrays)
-  and counted. Returns (sets, {set name: rows dropped}) with only sets that lost rows counted.
+  and counted, and the set keeps each remaining row's example id (its index in the set as
+  given, or the set's own `_id` column) in `_id`, so that the per-example score files name the
+  dataset's examples, never a renumbering. Returns (sets, {set name: rows dropped}) with only
+  sets that lost rows counted; a set that lost none is returned as it was given.
   """
   if mode not in NONFINITE_MODES:
     raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {mode!r}.")
@@ -308,7 +311,9 @@ def drop_nonfinite(sets: Mapping[str, Arrays], mode: str = "error", log: Log = _
           f"goes into results.json).")
     if n_bad:
       log(f"{name}: dropped {n_bad} of {len(bad)} examples with non-finite features or logits")
+      ids = np.asarray(arrays.get(columns_lib.ID, np.arange(len(bad), dtype=np.int64)))
       arrays = {k: np.asarray(v)[~bad] for k, v in arrays.items()}
+      arrays[columns_lib.ID] = ids[~bad]
       dropped[name] = n_bad
     out[name] = arrays
   return out, dropped

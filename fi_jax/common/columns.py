@@ -7,8 +7,10 @@ report's per-example score files carry) are a dict of equal-length arrays:
   logits [N, C]                the classifier's logits (float32 or wider)
   label [N]                    the ID class, -1 where there is none (OOD sets)
   group [N]                    the OOD class id for per-class metrics, -1 where there is none
-  _id [N]                      the example's index in its set (only while rows of several
-                               processes are brought together; dropped in set order)
+  _id [N]                      the example's index in its set: while rows of several
+                               processes are brought together (dropped in set order), and
+                               in a set that lost rows to `pipeline.drop_nonfinite` (kept, so
+                               that the score files name the dataset's own examples)
   _mask [B]                    per-batch: 1 for real rows, 0 for padding (never leaves a step)
   score/<detector>             an input scorer's score per image (ODIN, RankFeat, ...)
   stat/<detector>              an input scorer's per-image statistic that its fit reads

@@ -1,28 +1,79 @@
-"""`python -m fi_jax.report compare WORKDIR... [--out DIR] [--pair MODEL:DET MODEL:DET]`."""
+"""`python -m fi_jax.report compare WORKDIR... [--out DIR] [--pair RUN:DET RUN:DET]
+[--n_bootstrap N] [--seed S]`.
+
+Every error, a bad argument or a bad input file, is one line on stderr that names what is
+wrong, and exit status 2."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
-from fi_jax.report.compare import compare
+from fi_jax.report.compare import PAIR_FORMS, compare
+
+
+class _Parser(argparse.ArgumentParser):
+  """An ArgumentParser whose errors are one line (`<prog>: error: ...`, exit 2); --help shows
+  the usage."""
+
+  def error(self, message: str) -> NoReturn:
+    self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def _int_at_least(low: int):
+  def parse(text: str) -> int:
+    try:
+      value = int(text)
+    except ValueError:
+      value = None
+    if value is None or value < low:
+      raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+    return value
+  return parse
+
+
+def _out_folder(text: str) -> str:
+  """A folder path that exists as a folder or can be created (no file on the way)."""
+  path = os.path.abspath(text)
+  while not os.path.exists(path):
+    parent = os.path.dirname(path)
+    if parent == path:
+      break
+    path = parent
+  if os.path.exists(path) and not os.path.isdir(path):
+    what = "is a file" if path == os.path.abspath(text) else f"is under the file {path}"
+    raise argparse.ArgumentTypeError(f"{text!r} {what}; name a folder for compare.md and its "
+                                     "companions")
+  return text
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  p = argparse.ArgumentParser(prog="python -m fi_jax.report",
-                              description="Compare the results of several fi_jax runs.")
+  p = _Parser(prog="python -m fi_jax.report",
+              description="Compare the results of several fi_jax runs.")
   sub = p.add_subparsers(dest="command", required=True)
-  c = sub.add_parser("compare", help="one table and heat map over several workdirs")
-  c.add_argument("workdirs", nargs="+", help="workdirs of finished runs (results.json)")
-  c.add_argument("--out", default=".", help="where compare.md/.csv/.json/.png go")
-  c.add_argument("--pair", nargs=2, metavar="MODEL:DET",
-                 help="paired bootstrap test between two (model, detector) pairs")
-  c.add_argument("--n_bootstrap", type=int, default=1000)
-  c.add_argument("--seed", type=int, default=0)
+  c = sub.add_parser(
+      "compare", help="one table and heat map over several workdirs",
+      description="One table (AUROC and FPR@95 of every run, detector and OOD set) and an "
+                  "FPR@95 heat map over several workdirs; with --pair, the paired bootstrap "
+                  "test of two (run, detector) pairs on the same images. A run is its "
+                  "workdir: runs with the same model label are shown as LABEL@WORKDIR.")
+  c.add_argument("workdirs", nargs="+", metavar="WORKDIR",
+                 help="workdirs of finished runs (each with its results.json)")
+  c.add_argument("--out", default=".", type=_out_folder, metavar="DIR",
+                 help="the folder compare.md/.csv/.json/_fpr95.png go into (default: .)")
+  c.add_argument("--pair", nargs=2, metavar="RUN:DET",
+                 help=f"paired bootstrap test between two (run, detector) pairs: {PAIR_FORMS} "
+                      "(a label shared by several runs must name the workdir)")
+  c.add_argument("--n_bootstrap", type=_int_at_least(1), default=1000, metavar="N",
+                 help="resamples of the paired bootstrap (--pair), an integer >= 1 "
+                      "(default: 1000)")
+  c.add_argument("--seed", type=_int_at_least(0), default=0, metavar="S",
+                 help="seed of the paired bootstrap's resamples, an integer >= 0 (default: 0)")
   args = p.parse_args(argv)
   try:
     compare(args.workdirs, args.out, args.pair, n_bootstrap=args.n_bootstrap, seed=args.seed)
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, OSError) as e:   # bad inputs, a missing workdir, an unwritable --out
     print(f"python -m fi_jax.report: error: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
   return 0

@@ -71,10 +71,12 @@ def write_hist(folder: str, det: str, per_set: Mapping[str, np.ndarray],
 
 
 class HistWriter:
-  """Draws each detector's histogram (`write_hist`) in one background thread as soon as its
-  scores exist, while the next detectors run (their time is mostly XLA compilation and
-  computation, outside the GIL); `write_plots(..., hists=)` takes the files. Only this thread
-  draws until `result()` returns (pyplot is not for concurrent use)."""
+  """Draws each detector's histogram (`write_hist`) into `<workdir>/plots` in one background
+  thread as soon as its scores exist, while the next detectors run (their time is mostly XLA
+  compilation and computation, outside the GIL); `write_plots(..., hists=)` takes the files.
+  A run passes its report's staging folder (`files.StagedReport.path`) as `workdir`, so the
+  histograms are published with the rest of the report. Only this thread draws until
+  `result()` or `close()` returns (pyplot is not for concurrent use)."""
 
   def __init__(self, workdir: str, sets: Sequence[str]):
     self.folder, self.sets = os.path.join(workdir, "plots"), list(sets)
@@ -91,6 +93,11 @@ class HistWriter:
     """{detector: file or None}; waits for every drawing and re-raises the first failure."""
     self._pool.shutdown(wait=True)
     return {det: f.result() for det, f in self._futures.items()}
+
+  def close(self) -> None:
+    """Waits for every drawing and ignores their failures (the report they were for is
+    published without its results, or thrown away)."""
+    self._pool.shutdown(wait=True)
 
 
 def heatmap(grid: np.ndarray, rows: Sequence[str], cols: Sequence[str], title: str,

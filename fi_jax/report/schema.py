@@ -62,6 +62,7 @@ class Failure(TypedDict):
 
 
 class Meta(TypedDict, total=False):
+  run_id: str              # the run's identity (uuid4 hex), also in each of its scores files
   config: dict
   workdir: str
   versions: dict
@@ -138,38 +139,85 @@ def jsonable(x: Any) -> Any:
   return x
 
 
-def load(workdir: str) -> Results:
-  """`<workdir>/results.json` checked against the schema; ResultsError naming the file (and
-  what is wrong) otherwise. Results written before the schema version existed are read too."""
-  path = os.path.join(workdir, "results.json")
+# the types `load` accepts for what the tables and `compare` read (absent or null is fine)
+_META_TYPES = {"config": dict, "ood_sets": list, "model_label": str, "model_name": str,
+               "run_id": str, "set_sizes": dict, "detector_errors": dict, "group_names": dict,
+               "predicted_as": dict}
+_CONFIG_TYPES = {"id_test": dict, "ood": dict, "metrics": dict, "report": dict,
+                 "detectors": list, "model_label": str, "id_name": str}
+
+
+def _is_number(v: Any) -> bool:
+  return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _problems(res: Any) -> list[str]:
+  """What in a parsed results.json does not follow the schema (the first problem of each part)."""
+  if not isinstance(res, dict):
+    return [f"a JSON {type(res).__name__}, not an object"]
+  problems = []
+  if res.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
+    problems.append(f"schema version {res.get('schema')!r}, this fi_jax reads {SCHEMA_VERSION}")
+  meta = res.get("meta", {})
+  if not isinstance(meta, dict):
+    problems.append("'meta' is not an object")
+    meta = {}
+  for key, kind in _META_TYPES.items():
+    if meta.get(key) is not None and not isinstance(meta[key], kind):
+      problems.append(f"meta.{key} is a {type(meta[key]).__name__}, not a {kind.__name__}")
+  if isinstance(meta.get("ood_sets"), list) and not all(isinstance(x, str)
+                                                        for x in meta["ood_sets"]):
+    problems.append("meta.ood_sets holds a value that is not a set name")
+  config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+  for key, kind in _CONFIG_TYPES.items():
+    if config.get(key) is not None and not isinstance(config[key], kind):
+      problems.append(f"meta.config.{key} is a {type(config[key]).__name__}, not a "
+                      f"{kind.__name__}")
+  tpr = (config.get("metrics") if isinstance(config.get("metrics"), dict) else {}).get("tpr")
+  if tpr is not None and not (_is_number(tpr) and 0 < tpr < 1):
+    problems.append(f"meta.config.metrics.tpr is {tpr!r}, not a number in (0, 1)")
+  if not _is_number(res.get("id_accuracy")):
+    problems.append("'id_accuracy' is not a number")
+  rows = res.get("rows")
+  if not isinstance(rows, list):
+    problems.append("no 'rows' list")
+  else:
+    numbers = set(row_fields()) - set(KEY_COLUMNS)
+    for i, r in enumerate(rows):
+      if not isinstance(r, dict) or any(not isinstance(r.get(k), str) for k in KEY_COLUMNS):
+        problems.append(f"row {i} lacks the key columns {list(KEY_COLUMNS)}")
+        break
+      bad = sorted(k for k in r if k in numbers and not _is_number(r[k]))
+      if bad:
+        what = "/".join(r[k] for k in KEY_COLUMNS)
+        problems.append(f"row {i} ({what}): {bad} not numbers")
+        break
+  failed = res.get("failed", [])
+  if failed is not None and not isinstance(failed, list):
+    problems.append("'failed' is not a list")
+  elif failed and not all(isinstance(f, dict) and isinstance(f.get("detector"), str)
+                          for f in failed):
+    problems.append("'failed' holds an entry without a detector name")
+  return problems
+
+
+def load(workdir: str, folder: Optional[str] = None) -> Results:
+  """`<folder>/results.json` (default folder: `workdir`) checked against the schema;
+  FileNotFoundError naming the workdir when it has none, ResultsError naming the file (and
+  what is wrong) when it is unreadable, truncated, not JSON, or holds a value of the wrong
+  type where the tables and `compare` read one. Results written before the schema version
+  existed are read too."""
+  path = os.path.join(folder or workdir, "results.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{workdir} has no results.json; run main.py with "
                             f"--workdir={workdir} first.")
   try:
     with open(path, encoding="utf-8") as f:
       res = json.load(f)
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
     raise ResultsError(f"{path}: not a readable results file ({type(e).__name__}: {e}); rerun "
                        "that workdir's config to rewrite it.") from None
-  problems = []
-  if not isinstance(res, dict):
-    problems.append(f"a JSON {type(res).__name__}, not an object")
-  else:
-    if res.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
-      problems.append(f"schema version {res.get('schema')!r}, this fi_jax reads "
-                      f"{SCHEMA_VERSION}")
-    if not isinstance(res.get("meta", {}), dict):
-      problems.append("'meta' is not an object")
-    rows = res.get("rows")
-    if not isinstance(rows, list):
-      problems.append("no 'rows' list")
-    else:
-      for i, r in enumerate(rows):
-        if not isinstance(r, dict) or any(not isinstance(r.get(k), str) for k in KEY_COLUMNS):
-          problems.append(f"row {i} lacks the key columns {list(KEY_COLUMNS)}")
-          break
-    if not isinstance(res.get("failed", []), list):
-      problems.append("'failed' is not a list")
+  problems = _problems(res)
   if problems:
     raise ResultsError(f"{path}: " + "; ".join(problems) + ".")
   res.setdefault("meta", {})

@@ -13,7 +13,8 @@ what a benchmark run needs around them:
   3. detectors: each configured detector is fitted on the ID fit set and scores the ID test
      set and every OOD set;
   4. metrics and report: one row per (model, detector, ID set, OOD set) in
-     results.json / results.csv / results.md, per-example scores, plots (fi_jax/report.py).
+     results.json / results.csv / results.md, per-example scores, plots (fi_jax/report/),
+     published into the workdir as one unit (`report.StagedReport`).
 With every set `source="features"` (fi_jax/extract/own_features.py) steps 1-2 read arrays from files.
 """
 from __future__ import annotations
@@ -291,28 +292,83 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
                       head, model_meta: dict, random_init: bool, timings: dict,
                       t_start: float, ahead: ahead_lib.CompileAhead) -> dict:
   """Detectors, metric rows and the report files of every set's arrays (on one process);
-  `ahead`'s thread, if it runs, shares the detectors (`CompileAhead.claim`)."""
+  `ahead`'s thread, if it runs, shares the detectors (`CompileAhead.claim`).
+
+  Process 0 writes the report into a staging folder (`report.StagedReport`) and publishes it
+  as one unit at the end: a run that is killed, or whose writing fails, leaves the previous
+  report as it was. The per-example scores are written first: if the metrics then fail, they
+  are published alone (marked incomplete) before the error is raised."""
   sets, dropped = pipeline.drop_nonfinite(sets, config.get("nonfinite", "error"), log)
-
-  t = time.time()
-  log(f"Detectors ({len(dets)}):")
+  run_id = report.new_run_id()
   rcfg = to_dict(config.get("report", {}))
-  # each detector's histogram is drawn in the background while the next detectors run
-  hists = (report.HistWriter(workdir, [s[len("ood/"):] for s in specs if s.startswith("ood/")])
-           if jax.process_index() == 0 and rcfg.get("plots", True) else None)
+  stage = report.StagedReport(workdir, run_id) if jax.process_index() == 0 else None
+  # each detector's histogram is drawn (into the staging folder) in the background while the
+  # next detectors run
+  ood_names = [s[len("ood/"):] for s in specs if s.startswith("ood/")]
+  hists = (report.HistWriter(stage.path, ood_names)
+           if stage is not None and rcfg.get("plots", True) else None)
   try:
-    scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True,
-                                         nonfinite=config.get("nonfinite", "error"),
-                                         take=ahead.claim,
-                                         on_scores=hists.submit if hists else None)
-  finally:
-    ahead.finish()
-  timings["detectors"] = time.time() - t
-  t = time.time()
-  if jax.process_index() == 0:   # first: a failure in the metrics or the report keeps them
-    report.write_scores(workdir, scores, sets)
-  scores_seconds = time.time() - t
+    t = time.time()
+    log(f"Detectors ({len(dets)}):")
+    try:
+      scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True,
+                                           nonfinite=config.get("nonfinite", "error"),
+                                           take=ahead.claim,
+                                           on_scores=hists.submit if hists else None)
+    finally:
+      ahead.finish()
+    timings["detectors"] = time.time() - t
+    t = time.time()
+    if stage is not None:   # first: a failure in the metrics publishes them alone
+      report.write_scores(stage.path, scores, sets, run_id=run_id)
+    scores_seconds = time.time() - t
 
+    try:
+      results = _results(config, workdir, log, dets, specs, sets, scores, errors, dropped,
+                         model_meta, random_init, timings, run_id)
+    except BaseException as e:
+      if stage is not None:
+        _publish_scores_alone(stage, hists, e, workdir, log)
+      raise
+    if stage is None:
+      timings["total"] = time.time() - t_start
+      results["meta"]["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+      return results
+
+    t = time.time()
+    if rcfg.get("plots", True) and results["rows"]:
+      try:
+        report.write_plots(stage.path, results, scores, top=int(rcfg.get("plot_top", 5)),
+                           hists=hists)
+      except Exception as e:  # plots must not cost the results
+        results["meta"]["plot_error"] = f"{type(e).__name__}: {e}"
+        log(f"Plots failed ({results['meta']['plot_error']}); the results files are written "
+            f"without them (or run with --config.report.plots=False).")
+    timings["report"] = time.time() - t + scores_seconds
+    timings["total"] = time.time() - t_start
+    results["meta"]["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+    report.write(results, stage.path)
+    if hists is not None:
+      hists.close()   # nothing draws into the folder once it is published
+    stage.publish()
+  except BaseException as e:
+    if hists is not None:
+      hists.close()
+    if stage is not None and not stage.published:
+      stage.discard()
+      log(f"The report was not written ({type(e).__name__}); {workdir}'s previous report, if "
+          "any, is unchanged.")
+    raise
+  log(report.table(results))
+  log(f"Wrote {os.path.join(workdir, 'results.md')} (+ .json, .csv, scores/, plots/, "
+      f"per_class/) in {timings['total']:.1f} s.")
+  return results
+
+
+def _results(config, workdir: str, log: Log, dets: dict, specs: dict, sets: dict, scores: dict,
+             errors: dict, dropped: dict, model_meta: dict, random_init: bool, timings: dict,
+             run_id: str) -> dict:
+  """The run's results (`schema.make`): the metric rows of `scores` and the meta."""
   t = time.time()
   rows = pipeline.metric_rows(scores, sets, model=model_label(config),
                               id_set=config.get("id_name", "id"), **metric_kwargs(config))
@@ -321,6 +377,7 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
       f"{sum(s.startswith('ood/') for s in sets)} OOD sets) in {timings['metrics']:.1f} s.")
 
   meta = {
+      "run_id": run_id,
       "config": to_dict(config), "workdir": os.path.abspath(workdir),
       "versions": report.versions(), "platform": platform.platform(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -335,24 +392,22 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
   results = schema.make(meta, pipeline.id_accuracy(sets["id_test"]), rows,
                         [{"detector": n, "failed": errors[n]} for n in dets if n in errors])
   if jax.process_index() == 0:
-    t = time.time()
     results["meta"].update(report_extras(specs, sets))
-    if rcfg.get("plots", True) and rows:
-      try:
-        report.write_plots(workdir, results, scores, top=int(rcfg.get("plot_top", 5)),
-                           hists=hists)
-      except Exception as e:  # plots must not cost the results
-        results["meta"]["plot_error"] = f"{type(e).__name__}: {e}"
-        log(f"Plots failed ({results['meta']['plot_error']}); the results files are written "
-            f"without them (or run with --config.report.plots=False).")
-    timings["report"] = time.time() - t + scores_seconds
-    timings["total"] = time.time() - t_start
-    results["meta"]["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
-    report.write(results, workdir)
-    log(report.table(results))
-    log(f"Wrote {os.path.join(workdir, 'results.md')} (+ .json, .csv, scores/, plots/, "
-        f"per_class/) in {timings['total']:.1f} s.")
-  else:
-    timings["total"] = time.time() - t_start
-    results["meta"]["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
   return results
+
+
+def _publish_scores_alone(stage, hists, error: BaseException, workdir: str, log: Log) -> None:
+  """Publishes the staged scores (and the histograms drawn so far) without results, marked
+  incomplete with `error`; if even that fails, the previous report stays."""
+  if hists is not None:
+    hists.close()
+  reason = f"{type(error).__name__}: {error}"
+  try:
+    stage.publish(incomplete=reason)
+  except Exception as e:
+    log(f"The run stopped before its results ({reason}) and its scores could not be published "
+        f"either ({type(e).__name__}: {e}).")
+    return
+  log(f"The run stopped before its results ({reason}); its per-example scores are published "
+      f"alone in {os.path.join(workdir, 'scores')} (marked by "
+      f"{os.path.join(workdir, report.REPORT_LINK, report.INCOMPLETE)}).")

@@ -174,7 +174,8 @@ def test_scores_plots_and_per_class_files(digits_run):
   names = set(c.detectors) - {r["detector"] for r in results["failed"]}
   for set_name in ("id_test", "ood/digits_6-9"):
     z = report.load_scores(workdir, set_name)
-    assert set(z) == {"id", "label", "group"} | names
+    assert set(z) == {"id", "label", "group", "run_id"} | names
+    assert str(z.pop("run_id")) == results["meta"]["run_id"]
     assert all(v.shape == (sizes[set_name],) for v in z.values())
     np.testing.assert_array_equal(z["id"], np.arange(sizes[set_name]))
   assert (report.load_scores(workdir, "ood/digits_6-9")["label"] == -1).all()

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from configs import demo
-from fi_jax import pipeline
+from fi_jax import pipeline, report
 from fi_jax.data import loader as data
 from fi_jax.extract import cache
 from fi_jax.models import vit
@@ -193,6 +193,31 @@ def test_nonfinite_outputs_error_names_set_count_and_ids():
   assert dropped == {"ood/x": 3}
   assert np.array_equal(out["ood/x"]["label"], -np.ones(3, int))
   assert out["id_fit"] is sets["id_fit"]
+
+
+def test_dropped_rows_leave_the_others_their_example_ids(tmp_path):
+  """nonfinite=drop keeps each remaining row's index in its set (`_id`), and the scores file
+  names the examples by it: ids 0, 3, 5 of 6, never 0, 1, 2."""
+  sets = {"id_test": {"features": np.ones((4, 2)), "logits": np.ones((4, 3)),
+                      "label": np.arange(4)},
+          "ood/x": {"features": np.ones((6, 2)), "logits": np.ones((6, 3)),
+                    "label": -np.ones(6, int)}}
+  sets["ood/x"]["features"][[1, 4], 0] = np.nan
+  sets["ood/x"]["logits"][2, 1] = np.inf
+  out, _ = pipeline.drop_nonfinite(sets, "drop")
+  np.testing.assert_array_equal(out["ood/x"]["_id"], [0, 3, 5])
+  assert "_id" not in out["id_test"]
+  scores = {"msp": {"id_test": np.arange(4.0), "ood/x": np.array([10.0, 13.0, 15.0])}}
+  report.write_scores(str(tmp_path), scores, out, run_id="r1")
+  z = report.load_scores(str(tmp_path), "ood/x")
+  np.testing.assert_array_equal(z["id"], [0, 3, 5])
+  np.testing.assert_array_equal(z["msp"], [10.0, 13.0, 15.0])
+  np.testing.assert_array_equal(report.load_scores(str(tmp_path), "id_test")["id"], np.arange(4))
+  # rows that already carry their ids (brought together from several processes) keep them
+  again, _ = pipeline.drop_nonfinite(
+      {"ood/x": {"features": np.array([[1.0], [np.nan]]), "logits": np.ones((2, 1)),
+                 "_id": np.array([40, 41])}}, "drop")
+  np.testing.assert_array_equal(again["ood/x"]["_id"], [40])
 
 
 # ----------------------------------------------------------------------------- checkpoints
