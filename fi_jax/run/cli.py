@@ -7,18 +7,14 @@ See README.md.
 """
 from __future__ import annotations
 
-import difflib
-import importlib.machinery
 import os
 import sys
-import types
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("NO_GCE_CHECK", "true")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # silences TF's oneDNN banner; TF only preprocesses
 
-import jax  # noqa: E402
 import ml_collections  # noqa: E402
 from absl import (
   app,  # noqa: E402
@@ -27,88 +23,21 @@ from absl import (
 )
 from ml_collections import config_flags  # noqa: E402
 
-import configs  # noqa: E402  (the bundled configs; `configs.common` is what config files import)
 from fi_jax.common import distributed
 from fi_jax.run import benchmark as run
 from fi_jax.run import validate, xla_flags
 
-_CONFIGS = os.path.dirname(os.path.abspath(configs.__file__))
-_DEMO = os.path.join(_CONFIGS, "demo.py")
+# the parts `python -m fi_jax.run.sweep` shares
+from fi_jax.run.command import UsageError
+from fi_jax.run.command import check_overrides as _check_overrides
+from fi_jax.run.command import end as _end
+from fi_jax.run.command import load_config as _load_config
+from fi_jax.run.command import split_config_flag as _split_config_flag
 
 
 def _prog() -> str:
   """'main.py' or 'fi-jax': how the user called us (error lines start with it)."""
   return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fi-jax"
-
-
-class UsageError(Exception):
-  """A bad --config file, config argument or override: one line on stderr, exit 2."""
-
-
-def _split_config_flag(argv: list[str]) -> tuple[str, list[str]]:
-  """(the --config value, argv without it); the demo when --config is absent."""
-  spec, rest, i = _DEMO, [argv[0]], 1
-  while i < len(argv):
-    arg = argv[i]
-    if arg == "--":
-      rest += argv[i:]
-      break
-    name, eq, value = arg.lstrip("-").partition("=")
-    if arg.startswith("-") and name == "config":
-      if not eq:   # --config PATH
-        i += 1
-        value = argv[i] if i < len(argv) else ""
-      spec = value
-    else:
-      rest.append(arg)
-    i += 1
-  return spec, rest
-
-
-def _load_config(spec: str) -> ml_collections.ConfigDict:
-  """`path[:arg]` -> the file's get_config(arg) (get_config() without ':'), as ml_collections
-  loads config files, with each failure raised as a UsageError."""
-  path, colon, arg = spec.partition(":")
-  bundled = os.path.join(_CONFIGS, os.path.basename(path))
-  if not os.path.exists(path) and os.path.dirname(path) in ("", "configs") and os.path.exists(bundled):
-    path = bundled
-  module = types.ModuleType("fi_jax_config")
-  module.__file__ = path
-  try:
-    importlib.machinery.SourceFileLoader(module.__name__, path).exec_module(module)
-  except (OSError, SyntaxError) as e:
-    raise UsageError(f"cannot load the --config file: {e}") from None
-  get_config = getattr(module, "get_config", None)
-  if not callable(get_config):
-    raise UsageError(f"cannot load the --config file: {path} defines no get_config()")
-  try:
-    config = get_config(arg) if colon else get_config()
-  except (TypeError, ValueError) as e:   # e.g. an unknown or malformed config argument
-    raise UsageError(f"--config={spec}: {e}") from None
-  if not isinstance(config, ml_collections.ConfigDict):
-    raise UsageError(f"--config={spec}: get_config() returned a {type(config).__name__}, "
-                     "not a ConfigDict")
-  return config
-
-
-def _check_overrides(config: ml_collections.ConfigDict, argv: list[str]) -> None:
-  """Every --config.<field.path>=value names a field the config has (else a UsageError)."""
-  for arg in argv[1:]:
-    if arg == "--":
-      break
-    name = arg.lstrip("-").partition("=")[0]
-    name = name[2:] if name.startswith("noconfig.") else name   # --noconfig.flag (a bool)
-    if not (arg.startswith("-") and name.startswith("config.")):
-      continue
-    node = config
-    for part in name.split(".")[1:]:
-      fields = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-      if part not in fields:
-        close = difflib.get_close_matches(part, fields, n=1)
-        raise UsageError(f"unknown config field {part!r} in the override --{name}"
-                         + (f" (did you mean {close[0]!r}?)" if close else "")
-                         + "; overrides can only set fields the config file defines")
-      node = node[part]
 
 
 def _define_flags(config: ml_collections.ConfigDict, argv: list[str]) -> None:
@@ -143,23 +72,13 @@ def _main(argv):
     _end(2)
 
 
-def _end(code: int) -> None:
-  """Exits with `code`. One process: everything is written, and the interpreter's teardown
-  is skipped (os._exit). It does nothing a run needs and takes over a second (XLA's and TensorFlow's
-  thread pools and caches); a run that failed or was interrupted may also leave the
-  compile-ahead thread inside XLA, which the teardown would kill there (the process then
-  aborts or crashes instead of exiting with `code`). Several processes shut down through
-  jax.distributed together, as usual (no compile-ahead thread runs there)."""
-  if jax.process_count() == 1:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.flush()
-    os._exit(code)
-  sys.exit(code)
-
-
 def main():
-  """Parses flags; a bad config path, arg or override gives one line on stderr and exit 2."""
+  """Parses flags; a bad config path, arg or override gives one line on stderr and exit 2.
+  `fi-jax sweep ...` is `python -m fi_jax.run.sweep ...` (fi_jax/run/sweep.py)."""
+  if len(sys.argv) > 1 and sys.argv[1] == "sweep":
+    from fi_jax.run import sweep
+    sweep.main([f"{_prog()} sweep"] + sys.argv[2:])
+    return
   try:
     # --flagfile=FILE expanded first, so that a --config in it is found too.
     spec, argv = _split_config_flag(flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False))
