@@ -48,6 +48,44 @@ def fpr_rows(id_scores: np.ndarray, ood_scores: np.ndarray, tpr: float,
   return out
 
 
+class _Thresholds:
+  """The FPR@TPR thresholds of P rows of ID scores [P, n] on resamples given as counts (how
+  often each example is drawn): the K-th largest resampled score is the L-th smallest, L =
+  n - K + 1, which lies among the lowest few L of each row's sorted scores; so only the
+  counts of those (`head` = 2 L + 64 of them; every row when they hold fewer than L draws)
+  are summed. Equal to np.partition's value on the resampled scores (`fpr_rows`)."""
+
+  def __init__(self, id_scores: np.ndarray, tpr: float):
+    n = id_scores.shape[1]
+    self.order = np.argsort(id_scores, axis=1, kind="stable")
+    self.sorted = np.take_along_axis(id_scores, self.order, axis=1)
+    self.low = n - threshold_rank(n, tpr) + 1    # L, 1-based
+    self.head = min(n, 2 * self.low + 64)
+
+  def __call__(self, counts: np.ndarray) -> np.ndarray:
+    """[P] thresholds of the resample with `counts` [n] draws per example."""
+    cum = np.cumsum(counts[self.order[:, :self.head]], axis=1)
+    short = cum[:, -1] < self.low
+    if short.any():   # rare: fewer than L draws among the lowest `head` scores
+      cum_all = np.cumsum(counts[self.order[short]], axis=1)
+      pos_all = np.argmax(cum_all >= self.low, axis=1)
+    pos = np.argmax(cum >= self.low, axis=1)
+    t = self.sorted[np.arange(len(pos)), pos]
+    if short.any():
+      t[short] = self.sorted[short][np.arange(int(short.sum())), pos_all]
+    return t
+
+
+def _fpr_at(ood_scores: np.ndarray, ood_draw: np.ndarray, t: np.ndarray) -> np.ndarray:
+  """[P] share of the resampled OOD scores (ood_scores[:, ood_draw]) >= t[p]."""
+  out = np.empty(len(t), np.float64)
+  step = max(1, _CHUNK_ELEMS // max(len(ood_draw), 1))
+  for s in range(0, len(t), step):
+    out[s:s + step] = np.mean(ood_scores[s:s + step][:, ood_draw] >= t[s:s + step, None],
+                              axis=1)
+  return out
+
+
 def _ratio(num: np.ndarray, den: np.ndarray) -> float:
   d = float(np.mean(den))
   n = float(np.mean(num))
@@ -75,12 +113,14 @@ def hardness_bootstrap(id_scores: np.ndarray, num_scores: np.ndarray, den_scores
   rows = {g: np.asarray(list(r), np.int64) for g, r in groups.items()}
   draws = {g: np.empty(n_bootstrap) for g in rows}
   rng = np.random.default_rng(seed)
+  thresholds = _Thresholds(id_scores, tpr) if n_bootstrap else None
   for b in range(n_bootstrap):
     i = rng.integers(0, n_id, n_id)
     a = rng.integers(0, n_a, n_a)
     o = rng.integers(0, n_b, n_b)
-    ra = fpr_rows(id_scores, num_scores, tpr, i, a)
-    rb = fpr_rows(id_scores, den_scores, tpr, i, o)
+    t = thresholds(np.bincount(i, minlength=n_id))   # one ID resample for both sets
+    ra = _fpr_at(num_scores, a, t)
+    rb = _fpr_at(den_scores, o, t)
     for g, r in rows.items():
       draws[g][b] = _ratio(ra[r], rb[r])
   out = {}
