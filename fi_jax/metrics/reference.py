@@ -16,12 +16,18 @@ def auroc(id_scores: np.ndarray, ood_scores: np.ndarray) -> float:
   return float((ranks[:n_id].sum() - n_id * (n_id + 1) / 2) / (n_id * n_ood))
 
 
+def threshold_rank(n: int, tpr: float = 0.95) -> int:
+  """K = min{k : k / n >= tpr}: the rank (1 = largest) of the ID score that is `fpr_at_tpr`'s
+  threshold among n ID scores."""
+  return next(k for k in range(max(1, int(math.floor(tpr * n)) - 1), n + 1)
+              if float(k) / float(n) >= tpr)
+
+
 def fpr_at_tpr(id_scores: np.ndarray, ood_scores: np.ndarray, tpr: float = 0.95) -> float:
   """ID-positive FPR@TPR as fi_jax.metrics' `fpr95`: threshold t = the K-th largest ID score,
   K = min{k : k / n_id >= tpr}; the fraction of OOD scores >= t."""
   n = len(id_scores)
-  k = next(k for k in range(max(1, int(math.floor(tpr * n)) - 1), n + 1)
-           if float(k) / float(n) >= tpr)
+  k = threshold_rank(n, tpr)
   t = np.partition(np.asarray(id_scores), n - k)[n - k]
   return float(np.mean(np.asarray(ood_scores) >= t))
 

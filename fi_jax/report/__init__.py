@@ -1,8 +1,9 @@
 """Stage 6, report: the results schema (`schema`: what results.json holds, used by every writer
 and reader), the run's files (`files`: results.json / .csv / .md, per_class/, scores/, and
 their publication as one unit through `<workdir>/report`), the Markdown tables (`tables`), the
-figures (`plots`) and the comparison of several runs (`compare`, `python -m fi_jax.report
-compare`).
+figures (`plots`), the comparison of several runs (`compare`, `python -m fi_jax.report
+compare`), and a sweep's folder (`sweep_state`: which models it has, done / failed / running)
+with its leaderboard (`leaderboard`, `python -m fi_jax.report leaderboard`).
 
 Metric values are fractions in [0, 1] in the files; the tables show percent, as papers do.
 `fpr95` is the ID-positive FPR@95%TPR with the K-th largest ID score as threshold (ViM, KNN

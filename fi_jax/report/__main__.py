@@ -1,5 +1,6 @@
 """`python -m fi_jax.report compare WORKDIR... [--out DIR] [--pair RUN:DET RUN:DET]
-[--n_bootstrap N] [--seed S]`.
+[--n_bootstrap N] [--seed S]` and `python -m fi_jax.report leaderboard WORKDIR [--out DIR]
+[--hardness A B] [--detectors ...] [--n_bootstrap N] [--seed S]` (fi_jax/report/leaderboard.py).
 
 Every error, a bad argument or a bad input file, is one line on stderr that names what is
 wrong, and exit status 2."""
@@ -50,7 +51,7 @@ def _out_folder(text: str) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   p = _Parser(prog="python -m fi_jax.report",
-              description="Compare the results of several fi_jax runs.")
+              description="Compare fi_jax runs; a sweep's leaderboard.")
   sub = p.add_subparsers(dest="command", required=True)
   c = sub.add_parser(
       "compare", help="one table and heat map over several workdirs",
@@ -70,8 +71,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       "(default: 1000)")
   c.add_argument("--seed", type=_int_at_least(0), default=0, metavar="S",
                  help="seed of the paired bootstrap's resamples, an integer >= 0 (default: 0)")
+  b = sub.add_parser("leaderboard", help="the leaderboard of a sweep folder "
+                     "(python -m fi_jax.run.sweep), or of any folder of run folders")
+  b.add_argument("workdir", help="the sweep's --workdir")
+  b.add_argument("--out", default=None, help="where leaderboard.md/.csv/.json/*.png go "
+                 "(default: WORKDIR)")
+  b.add_argument("--hardness", nargs=2, metavar=("NUMERATOR", "DENOMINATOR"), default=None,
+                 help="the two OOD sets of the hardness ratio (default: the sweep's, else "
+                 "fi_imagenet_1k ninco)")
+  b.add_argument("--detectors", default=None, help="the hardness ratio's detectors: "
+                 "best_third (default), all, or a comma-separated list")
+  b.add_argument("--n_bootstrap", type=_int_at_least(1), default=None, help="paired bootstrap resamples "
+                 "of the hardness CI (default: the sweep's, else 1000)")
+  b.add_argument("--seed", type=_int_at_least(0), default=None)
+  b.add_argument("--primary", default=None, help="the OOD set of the per-model best detector")
   args = p.parse_args(argv)
   try:
+    if args.command == "leaderboard":
+      from fi_jax.report import leaderboard
+      leaderboard.write(args.workdir, args.out, hardness=args.hardness,
+                        detectors=args.detectors, n_bootstrap=args.n_bootstrap, seed=args.seed,
+                        primary=args.primary)
+      return 0
     compare(args.workdirs, args.out, args.pair, n_bootstrap=args.n_bootstrap, seed=args.seed)
   except (ValueError, OSError) as e:   # bad inputs, a missing workdir, an unwritable --out
     print(f"python -m fi_jax.report: error: {' '.join(str(e).split())}", file=sys.stderr)

@@ -11,13 +11,10 @@ JAX is imported. See README.md.
 from __future__ import annotations
 
 import ast
-import difflib
-import importlib.machinery
 import os
 import re
 import sys
 import textwrap
-import types
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -32,129 +29,20 @@ from absl import (
 )
 from ml_collections import config_flags  # noqa: E402
 
-import configs  # noqa: E402  (the bundled configs; `configs.common` is what config files import)
 from fi_jax.common import detector_names  # noqa: E402
 from fi_jax.run import workdirs  # noqa: E402
 
-_CONFIGS = os.path.dirname(os.path.abspath(configs.__file__))
-_DEMO = os.path.join(_CONFIGS, "demo.py")
-
-
-def _prog() -> str:
-  """'main.py' or 'fi-jax': how the user called us (error lines start with it)."""
-  return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fi-jax"
-
-
-class UsageError(Exception):
-  """A bad --config file, config argument or override: one line on stderr, exit 2."""
-
-
-def _split_config_flag(argv: list[str]) -> tuple[str, list[str]]:
-  """(the --config value, argv without it); the demo when --config is absent."""
-  spec, rest, i = _DEMO, [argv[0]], 1
-  while i < len(argv):
-    arg = argv[i]
-    if arg == "--":
-      rest += argv[i:]
-      break
-    name, eq, value = arg.lstrip("-").partition("=")
-    if arg.startswith("-") and name == "config":
-      if not eq:   # --config PATH
-        i += 1
-        value = argv[i] if i < len(argv) else ""
-      spec = value
-    else:
-      rest.append(arg)
-    i += 1
-  return spec, rest
-
-
-def _bundled() -> list[str]:
-  """The bundled config files' names (demo.py, vit.py, ...), common.py and __init__.py aside."""
-  return sorted(f for f in os.listdir(_CONFIGS)
-                if f.endswith(".py") and f not in ("__init__.py", "common.py"))
-
-
-def _config_path(spec: str) -> str:
-  """The file of `--config=path[:arg]`: the path, or the bundled config of that name when the
-  path does not exist; a UsageError naming the closest bundled configs when neither exists."""
-  path = spec.partition(":")[0]
-  bundled = os.path.join(_CONFIGS, os.path.basename(path))
-  if not os.path.exists(path) and os.path.dirname(path) in ("", "configs") and os.path.exists(bundled):
-    return bundled
-  if not os.path.isfile(path):
-    close = difflib.get_close_matches(os.path.basename(path), _bundled(), n=2, cutoff=0.6)
-    hint = (f"did you mean {' or '.join('configs/' + c for c in close)}?" if close
-            else f"the bundled configs are {', '.join('configs/' + c for c in _bundled())}")
-    raise UsageError(f"--config={spec}: no such file {path!r}; {hint} "
-                     f"(see {_prog()} --help)")
-  return path
-
-
-def _load_config(spec: str) -> ml_collections.ConfigDict:
-  """`path[:arg]` -> the file's get_config(arg) (get_config() without ':'), as ml_collections
-  loads config files, with each failure raised as a UsageError."""
-  path = _config_path(spec)
-  colon, arg = spec.partition(":")[1:]
-  module = types.ModuleType("fi_jax_config")
-  module.__file__ = path
-  try:
-    importlib.machinery.SourceFileLoader(module.__name__, path).exec_module(module)
-  except (OSError, SyntaxError) as e:
-    raise UsageError(f"cannot load the --config file: {e}") from None
-  get_config = getattr(module, "get_config", None)
-  if not callable(get_config):
-    raise UsageError(f"cannot load the --config file: {path} defines no get_config()")
-  try:
-    config = get_config(arg) if colon else get_config()
-  except (TypeError, ValueError) as e:   # e.g. an unknown or malformed config argument
-    raise UsageError(f"--config={spec}: {e}") from None
-  if not isinstance(config, ml_collections.ConfigDict):
-    raise UsageError(f"--config={spec}: get_config() returned a {type(config).__name__}, "
-                     "not a ConfigDict")
-  return config
-
-
-def _overrides(argv: list[str]):
-  """(field path, value or None) of every --config.<path>[=value] in argv (before a '--')."""
-  for arg in argv[1:]:
-    if arg == "--":
-      break
-    name, eq, value = arg.lstrip("-").partition("=")
-    name = name[2:] if name.startswith("noconfig.") else name   # --noconfig.flag (a bool)
-    if arg.startswith("-") and name.startswith("config."):
-      yield name[len("config."):], (value if eq else None)
-
-
-def _field_paths(node, prefix: str = "") -> list[str]:
-  """Every field path of a config ('batch_size', 'metrics', 'metrics.n_bootstrap', ...)."""
-  out = []
-  for k in node.keys():
-    out.append(prefix + k)
-    if isinstance(node[k], ml_collections.ConfigDict):
-      out += _field_paths(node[k], prefix + k + ".")
-  return out
-
-
-def _check_overrides(config: ml_collections.ConfigDict, argv: list[str]) -> None:
-  """Every --config.<field.path>=value names a field the config has (else a UsageError that
-  suggests the fields at any depth whose names are close to the last part, or else the field
-  paths close to the whole path)."""
-  for path, _ in _overrides(argv):
-    node = config
-    for part in path.split("."):
-      fields = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-      if part not in fields:
-        paths = _field_paths(config)
-        leaf = path.split(".")[-1]
-        close = ([p for p in paths if difflib.get_close_matches(leaf, [p.split(".")[-1]],
-                                                                 cutoff=0.8)]
-                 or difflib.get_close_matches(path, paths, n=2))
-        hint = (f" (did you mean {' or '.join('--config.' + c for c in close[:3])}?)"
-                if close else "")
-        raise UsageError(f"unknown config field --config.{path}{hint}; overrides can only set "
-                         "fields the config file defines")
-      node = node[part]
+# the parts `python -m fi_jax.run.sweep` shares
+from fi_jax.run.command import CONFIGS as _CONFIGS  # noqa: E402
+from fi_jax.run.command import UsageError  # noqa: E402
+from fi_jax.run.command import bundled_configs as _bundled  # noqa: E402
+from fi_jax.run.command import check_overrides as _check_overrides  # noqa: E402
+from fi_jax.run.command import config_path as _config_path  # noqa: E402
+from fi_jax.run.command import end as _end  # noqa: E402
+from fi_jax.run.command import load_config as _load_config  # noqa: E402
+from fi_jax.run.command import overrides as _overrides  # noqa: E402
+from fi_jax.run.command import prog as _prog  # noqa: E402
+from fi_jax.run.command import split_config_flag as _split_config_flag  # noqa: E402
 
 
 def assigned_fields(path: str) -> set[str]:
@@ -243,6 +131,9 @@ Common overrides (any field the config defines; nested fields with dots):
   --coordinator_address, --num_processes, --process_id   multi-host runs
   --flagfile=FILE                            flags read from a file; --helpfull: every flag
 
+Many models in one resumable sweep and its leaderboard: {prog} sweep --config=configs/sweep.py:PRESET
+(paper, openood, smoke; `{prog} sweep --help`, docs/usage.md "Reproducing a table").
+
 Docs: README.md (quick start, configs, datasets), docs/usage.md (running, overrides, outputs,
 resuming), docs/models.md, docs/detectors.md, docs/data.md, docs/metrics.md.
 Datasets are built with `python -m tfds_fi_imagenet --help`.
@@ -330,28 +221,15 @@ def _main(argv):
     _end(2)
 
 
-def _end(code: int) -> None:
-  """Exits with `code`. One process: everything is written, and the interpreter's teardown
-  is skipped (os._exit). It does nothing a run needs and takes over a second (XLA's and TensorFlow's
-  thread pools and caches); a run that failed or was interrupted may also leave the
-  compile-ahead thread inside XLA, which the teardown would kill there (the process then
-  aborts or crashes instead of exiting with `code`). Several processes shut down through
-  jax.distributed together, as usual (no compile-ahead thread runs there)."""
-  import jax
-  from absl import logging
-  if jax.process_count() == 1:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.flush()
-    os._exit(code)
-  sys.exit(code)
-
-
 def main():
   """--help prints `help_text` (exit 0), --helpfull adds every flag of the config given; a bad config path, arg, override or detector name
   gives one line on stderr and exit 2, before JAX is imported (the values that need the
   detectors' hyper-parameter checks: after it); then the run. A failed check or preflight
   leaves no workdir behind (only the folders this run made, and only while empty)."""
+  if len(sys.argv) > 1 and sys.argv[1] == "sweep":   # `fi-jax sweep ...` (fi_jax/run/sweep.py)
+    from fi_jax.run import sweep
+    sweep.main([f"{_prog()} sweep"] + sys.argv[2:])
+    return
   if any(a in _HELP_FLAGS for a in sys.argv[1:sys.argv.index("--") if "--" in sys.argv else None]):
     print(help_text(_prog()))
     sys.exit(0)
