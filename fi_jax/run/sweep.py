@@ -380,11 +380,28 @@ def run_sweep(sweep: ml_collections.ConfigDict, workdir: str, *, shard: tuple[in
 
 # ----------------------------------------------------------------------------- command line
 
+SWEEP_USAGE = """\
+usage: {prog} --config=configs/sweep.py:PRESET[,k=v,...] --workdir=DIR [--shard=i/n]
+       [--keep_going=false] [--config.FIELD=VALUE ...]
+
+Runs every model of a sweep config through the benchmark into DIR/<model label>/ and writes
+DIR/leaderboard.md/.csv/.json and its figures. A killed sweep resumes where it stopped;
+--shard=i/n runs every n-th model (several machines, one shared DIR); a model that fails is
+recorded with its reason and the others go on (--keep_going=false: stop at the first problem).
+
+Presets (configs/sweep.py): paper, openood, smoke. The leaderboard alone:
+`python -m fi_jax.report leaderboard DIR`. Docs: docs/usage.md "Reproducing a table".
+"""
+
+
 def main(argv: Optional[list[str]] = None) -> None:
   """`python -m fi_jax.run.sweep` / `fi-jax sweep`: parses flags (a bad one: one line, exit
   2) and runs the sweep."""
   argv = list(sys.argv if argv is None else argv)
   prog = "python -m fi_jax.run.sweep" if argv[0].endswith(".py") else argv[0]
+  if any(a in ("-h", "--help", "-help") for a in argv[1:]):
+    print(SWEEP_USAGE.format(prog=prog))
+    sys.exit(0)
   try:
     argv = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
     spec, rest = command.split_config_flag(argv, default="")

@@ -296,3 +296,13 @@ def test_shards_give_the_same_leaderboard(smoke, tmp_path):
   assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]
   assert "[2/4] tv-resnet-tiny: done in" in second.stdout and "timm-vit" not in second.stdout
   assert _board(str(tmp_path)) == _board(ref)
+
+
+def test_sweep_help_prints_the_usage_and_exits_0():
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  r = subprocess.run([sys.executable, os.path.join(root, "main.py"), "sweep", "--help"],
+                     capture_output=True, text=True, timeout=120, cwd=root)
+  assert r.returncode == 0 and r.stdout.startswith("usage: main.py sweep --config=")
+  assert "--shard=i/n" in r.stdout and "leaderboard" in r.stdout
