@@ -82,7 +82,8 @@ def _scores(workdir):
   out = {}
   for f in sorted(glob.glob(os.path.join(workdir, "scores", "**", "*.npz"), recursive=True)):
     with np.load(f, allow_pickle=False) as z:
-      out[os.path.relpath(f, workdir)] = {k: z[k] for k in z.files}
+      # each run has its own run id; everything else must be bit-identical
+      out[os.path.relpath(f, workdir)] = {k: z[k] for k in z.files if k != "run_id"}
   return out
 
 
