@@ -379,7 +379,8 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
                log: Log = _no_log, keep_going: bool = False,
                nonfinite: str = "error", stop: Optional[Any] = None,
                take: Optional[Callable[[str], bool]] = None,
-               on_scores: Optional[Callable[[str, dict], None]] = None) -> tuple[dict, dict]:
+               on_scores: Optional[Callable[[str, dict], None]] = None,
+               fatal: Optional[Callable[[BaseException], bool]] = None) -> tuple[dict, dict]:
   """Fits every detector on "id_fit" and scores every other set, all inside one
   `detectors.shared()` scope (work common to several detectors is done once), in scoring blocks
   sized for the largest scored set (`detectors.scoring_rows`).
@@ -393,6 +394,8 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
   just before it) is true (fi_jax.run.compile_ahead shares the detectors between two threads this way).
   `on_scores(detector, {set name: scores})` is called with
   each detector's finite scores as soon as they exist (e.g. report.HistWriter.submit).
+  An error for which `fatal(error)` is true ends the run even with `keep_going` (the runner's
+  compilation-cache faults: every detector would fail the same way).
   A detector the fit set cannot serve (`degenerate_fit`: one row, or one class for the
   detectors that fit on the labels) fails with the reason, after one warning in the log; the
   other detectors run as usual.
@@ -442,7 +445,7 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
           on_scores(name, per_set)
         log(f"  {name}: {time.time() - t:.2f} s")
       except Exception as e:  # one detector must not sink the run
-        if not keep_going:
+        if not keep_going or (fatal is not None and fatal(e)):
           raise
         errors[name] = f"{type(e).__name__}: {e}"
         log(f"  {name}: FAILED ({errors[name]})\n{traceback.format_exc(limit=3)}")

@@ -26,7 +26,6 @@ from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
-from jax.experimental.compilation_cache import compilation_cache
 
 from fi_jax import detectors, pipeline, report
 from fi_jax.common import distributed
@@ -37,7 +36,7 @@ from fi_jax.extract import cache
 from fi_jax.extract import own_features as features
 from fi_jax.report import schema
 from fi_jax.run import compile_ahead as ahead_lib
-from fi_jax.run import preflight, validate
+from fi_jax.run import jax_cache, preflight, validate
 from fi_jax.run.model import (
   LazyModel,
   cached_head,
@@ -176,34 +175,33 @@ def report_extras(specs: dict[str, dict], sets: dict) -> dict:
   return {"group_names": names, "predicted_as": predicted}
 
 
-def default_compilation_cache_dir() -> str:
-  """~/.cache/fi_jax/jax_cache (under $XDG_CACHE_HOME when set)."""
-  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(root, "fi_jax", "jax_cache")
-
-
-def use_compilation_cache(path: Optional[str]) -> Optional[str]:
-  """Turns on JAX's persistent compilation cache in `path` (None: the default folder; '':
-  off), caching every compilation however quick or small, so that a rerun compiles nothing.
-  Returns the folder in use (None when off)."""
-  path = default_compilation_cache_dir() if path is None else os.path.expanduser(path)
-  if jax.config.jax_compilation_cache_dir != (path or None):
-    jax.config.update("jax_compilation_cache_dir", path or None)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    compilation_cache.reset_cache()   # applies the new folder even after earlier compilations
-  return path or None
+# JAX's persistent compilation cache (fi_jax/run/jax_cache.py)
+default_compilation_cache_dir = jax_cache.default_dir
+use_compilation_cache = jax_cache.use
 
 
 def run(config, workdir: str, log: Log = log_on_process_0) -> dict:
-  """Runs the whole benchmark described by `config`; writes and returns the results."""
+  """Runs the whole benchmark described by `config`; writes and returns the results.
+
+  An error that a program loaded from JAX's persistent compilation cache gives when it is not
+  the program its key names (fi_jax/run/jax_cache.py) becomes one `CompilationCacheError`
+  naming the cache folder and saying to delete it."""
   t_start = time.time()
-  timings: dict[str, float] = {}
   validate.validate_config(config, workdir)   # every bad value fails here, before any work
   if config.get("x64", True):
     jax.config.update("jax_enable_x64", True)
-  use_compilation_cache(config.get("compilation_cache_dir", None))
+  folder = use_compilation_cache(config.get("compilation_cache_dir", None))
+  try:
+    return _run(config, workdir, log, t_start)
+  except Exception as e:
+    if jax_cache.points_to_cache(e):
+      raise jax_cache.error(e, folder) from None
+    raise
 
+
+def _run(config, workdir: str, log: Log, t_start: float) -> dict:
+  """`run` once the config is validated and the compilation cache set up."""
+  timings: dict[str, float] = {}
   dets = config_detectors(config)   # fails fast on unknown detector names / hparams
   specs = config_specs(config)
   t = time.time()
@@ -287,7 +285,7 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
   try:
     scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True,
                                          nonfinite=config.get("nonfinite", "error"),
-                                         take=ahead.claim,
+                                         take=ahead.claim, fatal=jax_cache.points_to_cache,
                                          on_scores=hists.submit if hists else None)
   finally:
     ahead.finish()
