@@ -288,11 +288,16 @@ def drop_nonfinite(sets: Mapping[str, Arrays], mode: str = "error", log: Log = _
   mode "error": a set with non-finite rows raises one ValueError naming the set, the count
   and the first example ids; mode "drop": those rows are removed from the set (all its arrays)
   and counted. Returns (sets, {set name: rows dropped}) with only sets that lost rows counted.
+  A set without rows, or left without rows by "drop", is a ValueError naming it.
   """
   if mode not in NONFINITE_MODES:
     raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {mode!r}.")
   out, dropped = {}, {}
   for name, arrays in sets.items():
+    if not len(arrays["logits"]):
+      raise ValueError(f"set {name!r} has no examples: its spec selects none (split, classes, "
+                       f"per_class) or its files hold no rows; fix the spec or leave the set "
+                       f"out.")
     bad = np.zeros(len(arrays["logits"]), bool)
     for key in ("features", "logits"):
       a = np.asarray(arrays[key])

@@ -83,6 +83,19 @@ def _with(c, **model):
   return c
 
 
+@pytest.mark.parametrize("spec, msg", [
+    (dict(source="digits", split="test", classes=()), r"ood/none: the digits spec selects no "
+     r"example \(classes=\(\)\); name some of the digits 0-9"),
+    (dict(source="digits", split="val", classes=(6,)), r"ood/none: digits split 'val'"),
+])
+def test_a_set_that_selects_nothing_fails_preflight(tmp_path, spec, msg):
+  from fi_jax.run import benchmark as run
+  c = _quick(ood={"none": spec})
+  with pytest.raises(ValueError, match=msg):
+    run.run(c, str(tmp_path / "w"), log=lambda s: None)
+  assert not os.path.exists(tmp_path / "w" / "cache")   # nothing was extracted
+
+
 def _main(*args):
   return subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *args], cwd=ROOT,
                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,

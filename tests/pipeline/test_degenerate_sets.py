@@ -1,7 +1,8 @@
 """A fit set the detectors cannot fit on is never a plausible AUROC of 50.00: with one row every
 detector that fits on it, and with a single class every detector that fits per-class
 statistics, is marked failed with the reason after one warning; the others are scored as usual.
-A set whose every example is dropped as non-finite is a named error (issue 34, items 7-8)."""
+A set without examples, or whose every example is dropped as non-finite, is a named error
+(issue 34, items 7-8)."""
 import json
 import os
 
@@ -73,6 +74,15 @@ def test_every_row_nonfinite_is_an_error_not_an_empty_set():
   with pytest.raises(ValueError, match=r"set 'ood/far': .* for all 40 examples, so "
                      r"--config.nonfinite=drop leaves nothing to score"):
     pipeline.drop_nonfinite(sets, "drop")
+
+
+def test_empty_set_is_named_not_a_reshape_error():
+  sets = _sets(np.arange(20) % C)
+  sets["ood/far"] = {k: v[:0] for k, v in sets["ood/far"].items()}
+  for mode in ("error", "drop"):
+    with pytest.raises(ValueError, match=r"set 'ood/far' has no examples: its spec selects "
+                       r"none \(split, classes, per_class\) or its files hold no rows"):
+      pipeline.drop_nonfinite(sets, mode)
 
 
 def test_features_run_marks_the_rows_failed(tmp_path):
