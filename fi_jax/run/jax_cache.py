@@ -5,8 +5,9 @@ the program; an entry holds no copy of its key. An entry that holds another key'
 files swapped, or copied between folders or machines) is loaded as it is, and the run then
 stops deep inside JAX or XLA: a parameter of the wrong size ("RuntimeProgramInputMismatch ...
 incompatible size"), an output "incompatible with its layout annotation", a count of outputs
-or layouts that does not match (`safe_zip()`), or an internal assertion. `points_to_cache(error)` recognises those errors when this process has
-loaded a program from the persistent cache (JAX's cache-hit event, counted from `use` on), and
+or layouts that does not match (`safe_zip()`, or JAX's assertion on the counts).
+`points_to_cache(error)` recognises those errors when this process has loaded a program from
+the persistent cache (JAX's cache-hit event, counted from `use` on), and
 `CompilationCacheError` says, in one line, which folder to delete. A swapped entry whose
 program has exactly the signature of the right one runs without an error; no check can see
 that from the entry (JAX's `jax_compilation_cache_check_contents` recompiles every program
@@ -15,6 +16,7 @@ once to compare, which is what the cache is there to avoid).
 from __future__ import annotations
 
 import os
+import re
 import threading
 import traceback
 from typing import Optional
@@ -76,9 +78,13 @@ def _chain(e: BaseException):
     e = e.__cause__ or e.__context__
 
 
-def _from_jax(e: AssertionError) -> bool:
-  """An assertion of JAX's own code: its frames are in the jax package, or (JAX's traceback
-  filtering removes them) the innermost frame left is a call, not an assert statement."""
+def _count_check(e: AssertionError) -> bool:
+  """JAX's check that a compiled program has as many inputs / outputs (shardings, memory
+  kinds) as its call (`assert len(x) == n, (len(x), n)`: the message is a tuple of counts),
+  raised in JAX's own code: its frames are in the jax package, or (JAX's traceback filtering
+  removes them) the innermost frame left is a call, not an assert statement."""
+  if not re.fullmatch(r"\(\d+(, \d+)+\)", str(e)):
+    return False
   frames = traceback.extract_tb(e.__traceback__)
   if not frames:
     return False
@@ -88,8 +94,8 @@ def _from_jax(e: AssertionError) -> bool:
 
 
 def _signature(e: BaseException) -> bool:
-  """An error a program of another key gives: a parameter of the wrong size, a count of
-  inputs / outputs / layouts that does not match, or an internal assertion of JAX."""
+  """An error a program of another key gives: a parameter of the wrong size, an output
+  incompatible with its layout, or a count of inputs / outputs / layouts that does not match."""
   text = str(e)
   if type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError"):
     return "RuntimeProgramInputMismatch" in text or (
@@ -98,7 +104,7 @@ def _signature(e: BaseException) -> bool:
     return (text.startswith("safe_zip() argument")
             or "incompatible with its layout annotation" in text)
   if isinstance(e, AssertionError):
-    return _from_jax(e)
+    return _count_check(e)
   return False
 
 
