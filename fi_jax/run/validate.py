@@ -25,9 +25,9 @@ NONFINITE_MODES = pipeline.NONFINITE_MODES
 MAX_BATCH = 1 << 16           # images per global batch (65536: ~39 GB of 224 px float32 input)
 MAX_SEED = (1 << 63) - 1      # jax.random.PRNGKey takes a seed up to int64's largest value
 # Architecture sizes that must be positive integers wherever a model (or one of its towers)
-# has them (a tuple: every entry).
-_POSITIVE = ("num_classes", "width", "hidden_size", "embed_dim", "depth", "depths", "num_heads",
-             "mlp_dim", "patch_size", "widths", "group_widths", "dims")
+# has them (a tuple: every entry); num_classes may be 0 (no head: a features-only model).
+_POSITIVE = ("width", "hidden_size", "embed_dim", "depth", "depths", "num_heads", "mlp_dim",
+             "patch_size", "widths", "group_widths", "dims")
 
 
 def _get(config, path: str, default: Any = None) -> Any:
@@ -115,6 +115,10 @@ def _architecture(node, where: str) -> None:
     if any(is_int(x) and x < 1 for x in values):
       raise ValueError(f"{where}.{key} must be a positive integer (or a tuple of them), got "
                        f"{v!r}.")
+  classes = fields.get("num_classes")
+  if is_int(classes) and classes < 0:
+    raise ValueError(f"{where}.num_classes must be an integer >= 0 (0: no classifier head), "
+                     f"got {classes!r}.")
   width = fields.get("width", fields.get("hidden_size"))
   heads = fields.get("num_heads")
   if is_int(width) and is_int(heads) and width % heads:

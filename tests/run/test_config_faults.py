@@ -44,7 +44,7 @@ def _quick(**overrides):
     ({"ood": {}}, r"config.ood names no OOD set: a run needs at least one"),
     ({"model.num_heads": 3}, r"config.model: the width 64 does not split into num_heads=3 "
      r"equal attention heads"),
-    ({"model.num_classes": 0}, r"config.model.num_classes must be a positive integer"),
+    ({"model.num_classes": -6}, r"config.model.num_classes must be an integer >= 0"),
     ({"model.depth": -2}, r"config.model.depth must be a positive integer"),
 ])
 def test_bad_values_are_named_before_any_work(tmp_path, overrides, msg):
