@@ -290,12 +290,17 @@ def drop_nonfinite(sets: Mapping[str, Arrays], mode: str = "error", log: Log = _
   and counted, and the set keeps each remaining row's example id (its index in the set as
   given, or the set's own `_id` column) in `_id`, so that the per-example score files name the
   dataset's examples, never a renumbering. Returns (sets, {set name: rows dropped}) with only
-  sets that lost rows counted; a set that lost none is returned as it was given.
+  sets that lost rows counted; a set that lost none is returned as it was given. A set without
+  rows, or left without rows by "drop", is a ValueError naming it.
   """
   if mode not in NONFINITE_MODES:
     raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {mode!r}.")
   out, dropped = {}, {}
   for name, arrays in sets.items():
+    if not len(arrays["logits"]):
+      raise ValueError(f"set {name!r} has no examples: its spec selects none (split, classes, "
+                       f"per_class) or its files hold no rows; fix the spec or leave the set "
+                       f"out.")
     bad = np.zeros(len(arrays["logits"]), bool)
     for key in ("features", "logits"):
       a = np.asarray(arrays[key])
@@ -309,6 +314,11 @@ def drop_nonfinite(sets: Mapping[str, Arrays], mode: str = "error", log: Log = _
           f"of {len(bad)} examples (first example ids: {ids}). Check the checkpoint and the "
           f"preprocessing, or set --config.nonfinite=drop to drop these examples (the count "
           f"goes into results.json).")
+    if n_bad and n_bad == len(bad):
+      raise ValueError(
+          f"set {name!r}: the model gave non-finite features or logits (NaN/Inf) for all "
+          f"{n_bad} examples, so --config.nonfinite=drop leaves nothing to score. Check the "
+          f"checkpoint and the preprocessing.")
     if n_bad:
       log(f"{name}: dropped {n_bad} of {len(bad)} examples with non-finite features or logits")
       ids = np.asarray(arrays.get(columns_lib.ID, np.arange(len(bad), dtype=np.int64)))
@@ -347,10 +357,39 @@ def _with_stat(out: detectors.Outputs, arrays: Arrays, name: str) -> detectors.O
   return detectors.Outputs(out.features, None, None, {"stat": jnp.asarray(arrays[columns_lib.scorer_column(columns_lib.STAT, name)])})
 
 
+def fits_on_fit_set(det) -> bool:
+  """Whether `det.fit` reads the fit set (its features, logits, labels or extraction-time
+  statistics); detectors that do not (MSP, energy, ...) score the same on any fit set."""
+  return bool(det.fit_needs) or det.fit_inputs
+
+
+def degenerate_fit(dets: Mapping[str, Any], fit: Arrays) -> dict[str, str]:
+  """{detector: why} for the detectors the fit set cannot serve: with fewer than 2 rows every
+  detector that fits on it (statistics of one row are degenerate: a zero covariance, all-zero
+  Mahalanobis scores, AUROC 50.00), and with the labelled rows all of one class every detector
+  that fits per-class statistics on the labels (MDS, RMDS, cosine, ...: one class leaves
+  nothing to compare; relative cosine scores 1 everywhere). The fit set's rows with label -1
+  count as rows, not as a class; with no labelled row at all the detectors say so
+  themselves."""
+  n = len(fit[columns_lib.LOGITS])
+  labels = np.asarray(fit.get(columns_lib.LABEL, np.full(n, -1)))
+  classes = np.unique(labels[labels >= 0])
+  out = {}
+  for name, det in dets.items():
+    if n < 2 and fits_on_fit_set(det):
+      out[name] = (f"the fit set (id_fit) has {n} row{'s' if n != 1 else ''}; {name} fits "
+                   "statistics on it and needs at least 2 (a one-row fit is degenerate)")
+    elif len(classes) == 1 and "labels" in det.fit_needs:
+      out[name] = (f"the fit set's (id_fit) labels hold a single class ({int(classes[0])}); "
+                   f"{name} fits per-class statistics and needs at least 2 classes")
+  return out
+
+
 def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detectors.Head, *,
                log: Log = _no_log, keep_going: bool = False,
                nonfinite: str = "error", take: Optional[Callable[[str], bool]] = None,
-               on_scores: Optional[Callable[[str, dict], None]] = None) -> tuple[dict, dict]:
+               on_scores: Optional[Callable[[str, dict], None]] = None,
+               fatal: Optional[Callable[[BaseException], bool]] = None) -> tuple[dict, dict]:
   """Fits every detector on "id_fit" and scores every other set, all inside one
   `detectors.shared()` scope (work common to several detectors is done once), in scoring blocks
   sized for the largest scored set (`detectors.scoring_rows`).
@@ -362,8 +401,17 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
   NaN or inf does. With `take`, a detector runs only if `take(name)`, called just before it,
   is true (a caller that shares the detectors with another worker claims each one there).
   `on_scores(detector, {set name: scores})` is called with each detector's finite scores as
-  soon as they exist (e.g. report.HistWriter.submit).
+  soon as they exist (e.g. report.HistWriter.submit). An error for which `fatal(error)` is
+  true ends the run even with `keep_going` (the runner's compilation-cache faults: every
+  detector would fail the same way). A detector the fit set cannot serve (`degenerate_fit`:
+  one row, or one class for the detectors that fit on the labels) fails with the reason, after
+  one warning in the log; the other detectors run as usual.
   """
+  degenerate = degenerate_fit(dets, sets["id_fit"])
+  if degenerate:
+    log(f"WARNING: {next(iter(degenerate.values())).split(';')[0]}: the {len(degenerate)} "
+        f"detector(s) that need more ({', '.join(degenerate)}) are marked failed; the others "
+        "run as usual.")
   fit = outputs_of(sets["id_fit"])
   # one Outputs per set, so that detectors.shared() recognises the same arrays across detectors
   test_sets = {s: outputs_of(a) for s, a in sets.items() if s != "id_fit"}
@@ -377,6 +425,12 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
       if take is not None and not take(name):
         continue
       t = time.time()
+      if name in degenerate:
+        if not keep_going:
+          raise ValueError(f"{name}: {degenerate[name]}.")
+        errors[name] = f"ValueError: {degenerate[name]}."
+        log(f"  {name}: FAILED ({errors[name]})")
+        continue
       try:
         if det.fit_inputs:   # fits on / scores its extraction-time stats
           state = det.fit(_with_stat(fit, sets["id_fit"], name), head, nonfinite=nonfinite)
@@ -396,7 +450,7 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
           on_scores(name, per_set)
         log(f"  {name}: {time.time() - t:.2f} s")
       except Exception as e:  # one detector must not sink the run
-        if not keep_going:
+        if not keep_going or (fatal is not None and fatal(e)):
           raise
         errors[name] = f"{type(e).__name__}: {e}"
         log(f"  {name}: FAILED ({errors[name]})\n{traceback.format_exc(limit=3)}")

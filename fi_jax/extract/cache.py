@@ -8,7 +8,9 @@ In a run with several processes each process writes the rows it extracted as its
 writes more than its share; process 0 reads them all for the detectors.
 
 An entry is a folder holding plain `.npy` arrays (loaded with allow_pickle=False) and a
-manifest, `meta.json`, that names each array's file with its dtype, shape and SHA-256.
+manifest, `meta.json`, that names each array's file with its dtype, shape and SHA-256. The
+files a manifest names must lie in the entry's own folder: a manifest naming an absolute path,
+a `../` path or a link out of the folder is a damaged entry, refused before that file is read.
 Writes are safe with concurrent writers and readers: arrays go to files with unique names,
 then the manifest is replaced atomically (`os.replace`), so a reader sees either the old
 entry or the new one, never half of one. `load` verifies every checksum; a missing, truncated
@@ -104,8 +106,25 @@ def _read_manifest(path: str) -> dict:
   return meta
 
 
+def _inside(path: str, name: Any) -> str:
+  """The file `name` of the entry at `path`: a plain file name in the entry's own folder (no
+  folder part, no '..', not absolute, not a link leading out of it), else a ValueError. Checked
+  before the file is touched, so that a crafted manifest reveals nothing about other files."""
+  ok = (isinstance(name, str) and name not in ("", ".", "..") and "\0" not in name
+        and os.path.basename(name) == name and not os.path.isabs(name)
+        and (os.altsep is None or os.altsep not in name))
+  if ok:
+    folder = os.path.realpath(path)
+    file = os.path.realpath(os.path.join(folder, name))
+    ok = os.path.dirname(file) == folder
+  if not ok:
+    raise ValueError(f"{MANIFEST} names {name!r}, not a file of the entry's own folder "
+                     "(a cache entry may only name its own files)")
+  return os.path.join(path, name)
+
+
 def _load_array(path: str, key: str, entry: dict) -> np.ndarray:
-  file = os.path.join(path, entry["file"])
+  file = _inside(path, entry["file"])
   try:
     a = np.load(file, allow_pickle=False)
   except FileNotFoundError:

@@ -27,7 +27,6 @@ from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
-from jax.experimental.compilation_cache import compilation_cache
 
 from fi_jax import detectors, pipeline, report
 from fi_jax.common import distributed
@@ -38,7 +37,7 @@ from fi_jax.extract import cache
 from fi_jax.extract import own_features as features
 from fi_jax.report import schema
 from fi_jax.run import compile_ahead as ahead_lib
-from fi_jax.run import preflight, validate, workdirs
+from fi_jax.run import jax_cache, preflight, validate, workdirs
 from fi_jax.run.model import (
   LazyModel,
   cached_head,
@@ -177,23 +176,9 @@ def report_extras(specs: dict[str, dict], sets: dict) -> dict:
   return {"group_names": names, "predicted_as": predicted}
 
 
-def default_compilation_cache_dir() -> str:
-  """~/.cache/fi_jax/jax_cache (under $XDG_CACHE_HOME when set)."""
-  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(root, "fi_jax", "jax_cache")
-
-
-def use_compilation_cache(path: Optional[str]) -> Optional[str]:
-  """Turns on JAX's persistent compilation cache in `path` (None: the default folder; '':
-  off), caching every compilation however quick or small, so that a rerun compiles nothing.
-  Returns the folder in use (None when off)."""
-  path = default_compilation_cache_dir() if path is None else os.path.expanduser(path)
-  if jax.config.jax_compilation_cache_dir != (path or None):
-    jax.config.update("jax_compilation_cache_dir", path or None)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    compilation_cache.reset_cache()   # applies the new folder even after earlier compilations
-  return path or None
+# JAX's persistent compilation cache (fi_jax/run/jax_cache.py)
+default_compilation_cache_dir = jax_cache.default_dir
+use_compilation_cache = jax_cache.use
 
 
 def _checks(config, workdir: str, log: Log) -> tuple[dict, dict]:
@@ -217,8 +202,21 @@ def _checks(config, workdir: str, log: Log) -> tuple[dict, dict]:
 def run(config, workdir: str, log: Log = log_on_process_0) -> dict:
   """Runs the whole benchmark described by `config`; writes and returns the results. A run
   that fails its checks (the config's values, preflight) leaves none of the workdir's folders
-  it made behind (a workdir that existed before stays as it was)."""
-  t_start = time.time()
+  it made behind (a workdir that existed before stays as it was).
+
+  An error that a program loaded from JAX's persistent compilation cache gives when it is not
+  the program its key names (fi_jax/run/jax_cache.py) becomes one `CompilationCacheError`
+  naming the cache folder and saying to delete it."""
+  try:
+    return _run(config, workdir, log, time.time())
+  except Exception as e:
+    if jax_cache.points_to_cache(e):
+      raise jax_cache.error(e, jax.config.jax_compilation_cache_dir) from None
+    raise
+
+
+def _run(config, workdir: str, log: Log, t_start: float) -> dict:
+  """`run`'s body."""
   timings: dict[str, float] = {}
   created = workdirs.missing(workdir)   # what validate's writability test makes
   try:
@@ -313,7 +311,7 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
     try:
       scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True,
                                            nonfinite=config.get("nonfinite", "error"),
-                                           take=ahead.claim,
+                                           take=ahead.claim, fatal=jax_cache.points_to_cache,
                                            on_scores=hists.submit if hists else None)
     finally:
       ahead.finish()

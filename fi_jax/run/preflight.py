@@ -5,7 +5,7 @@ command or source that fixes it; `run(config)` raises `PreflightError` listing t
 it checks, without reading any data:
   * every TFDS set the config names is prepared in its data_dir, has the split (TFDS slicing
     such as `train[:10%]` included) and a non-empty size (`tfds.builder(...).info` only);
-  * feature files (`source="features"`) exist;
+  * feature files (`source="features"`) exist; a digits spec names a split and some digit;
   * the checkpoint, head and tokenizer files exist and are readable;
   * a config with a released-model architecture but no checkpoint and no training is refused
     unless `random_init=True` says that random weights are meant.
@@ -132,7 +132,15 @@ def _check_set(set_name: str, spec: dict) -> Optional[str]:
          _readable(path, f"{set_name}: feature file", "Point the spec's path at the arrays you "
                    "extracted (see README, 'Your own features')."))
   elif source == "digits":
-    p = None
+    classes = spec.get("classes", range(10))
+    split = spec.get("split", "test")
+    if split not in ("train", "test", "all"):
+      p = f"{set_name}: digits split {split!r}; use 'train', 'test' or 'all'."
+    elif not set(classes) & set(range(10)):
+      p = (f"{set_name}: the digits spec selects no example (classes={tuple(classes)!r}); "
+           "name some of the digits 0-9.")
+    else:
+      p = None
   elif source is None:
     p = f"{set_name}: the set spec has no 'source' (digits, tfds, features)."
   else:

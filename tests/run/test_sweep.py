@@ -105,11 +105,12 @@ def test_preflight_lists_every_problem_and_stops_without_keep_going(tmp_path):
                       f"--workdir={tmp_path / 'w'}", "--keep_going=false"], cwd=ROOT, env=env,
                      capture_output=True, text=True, timeout=300)
   assert r.returncode == 2, r.stderr[-2000:]
-  # the two checkpoints, the features' id_fit and id_test files
-  assert "preflight found 4 problem(s); nothing was computed" in r.stderr
+  # the two checkpoints; the features model's folder has no OOD set file (a config error,
+  # found by validation before its id_fit / id_test files are looked for)
+  assert "preflight found 3 problem(s); nothing was computed" in r.stderr
   for name in ("model timm-vit-tiny: checkpoint", "timm_vit_tiny.safetensors",
                "model tv-resnet-tiny: checkpoint", "torchvision_resnet_tiny.pth",
-               "model features-proj: id_fit: feature file", "id_test.npz"):
+               "model features-proj: ValueError: config.ood names no OOD set"):
     assert name in r.stderr
   assert not any(os.path.exists(tmp_path / "w" / m / "results.json") for m in LABELS)
 
