@@ -100,6 +100,7 @@ def test_equals_reference(name):
   assert_scores(ours(name, predict, params, fit_x, test_x, input_std=std, **hp), ref, rtol=RTOL)
 
 
+@pytest.mark.slow
 def test_pipeline_extracts_fit_stats_and_scores():
   predict, params = make_mlp()
   dets = detectors.build_suite(["adascale_a", "odin", "msp"])

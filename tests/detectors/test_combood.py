@@ -93,6 +93,7 @@ def test_presets_and_validation():
     detectors.build("combood").fit(one, head)
 
 
+@pytest.mark.slow
 def test_shared_scope_reuses_knn_search_and_bank(monkeypatch):
   """Inside detectors.shared() CombOOD scores exactly as alone, uses knn's bank, and one
   neighbour search per query set serves knn (k=50, 1000) and CombOOD (k=50)."""

@@ -62,6 +62,7 @@ def sets_of(fit, test, ood):
                     "group": np.arange(len(ood.logits)) % 3}}
 
 
+@pytest.mark.slow
 def test_nonfinite_scores_fail_only_that_detector():
   fit, test, head = make_data()
   _, ood, _ = make_data(seed=1)
@@ -293,6 +294,7 @@ def test_group_ids_beyond_int32_with_x64_off():
       np.testing.assert_array_equal(t_big[k], t_small[k])
 
 
+@pytest.mark.slow
 def test_large_seed_with_x64_on_and_off():
   x, y, _ = scores_and_groups()
   for x64, seed in ((False, 2 ** 40), (False, 2 ** 31), (True, 2 ** 70)):
@@ -304,6 +306,7 @@ def test_large_seed_with_x64_on_and_off():
       assert i.shape == (8, 300) and o.shape == (8, 200)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_bootstrap", [0, 7])
 def test_metric_rows_one_pass_per_row_bit_identical(monkeypatch, n_bootstrap):
   x, y, g = scores_and_groups()

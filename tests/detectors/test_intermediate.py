@@ -373,6 +373,7 @@ def _tiny_vit():
   return model, params
 
 
+@pytest.mark.slow
 def test_forward_with_layers_keeps_features_logits_and_adds_the_columns():
   model, params = _tiny_vit()
   predict, _ = run_model.default_predictor(model, params, None)

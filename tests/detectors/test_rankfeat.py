@@ -141,6 +141,7 @@ def test_resnet_matches_torch_hooks(kind, blocks, tv_case, bit_case):
   assert rel_err(energy(torch_logits(ref, x)), want) > 100 * RTOL
 
 
+@pytest.mark.slow
 def test_temperature(tv_case):
   ref, model, params = tv_case
   x = images(2, 64, seed=1)
@@ -191,6 +192,7 @@ def test_vit_matches_official_form(vit_case):
   assert rel_err(energy(torch_logits(ref, x)), want) > 100 * RTOL
 
 
+@pytest.mark.slow
 def test_vit_t2t_form_against_numpy_tail(vit_case):
   """vit_block=-1 (official T2T-ViT form) against a numpy tail on fi_jax's own last-block
   tokens: float64 SVD removal, LayerNorm (eps 1e-6), class token, head."""
@@ -301,6 +303,7 @@ def _demo_vit():
   return predict, params
 
 
+@pytest.mark.slow
 def test_forward_step_scores_inside_the_one_jitted_step():
   """extract.Forward with RankFeat (and ODIN) as input scorers: one compile of the step for
   two sets, and the scores equal a direct score_inputs call."""

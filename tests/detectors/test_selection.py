@@ -40,6 +40,7 @@ def tied_rows(rng):
   return np.concatenate([s, rng.permutation(np.tile(s, (25, 1)), axis=1)[:246]])  # 2 x 128
 
 
+@pytest.mark.slow
 def test_row_order_stats_is_exact_with_ties():
   """The grouped, sort-free selection gives the exact k-th largest value and top-k sum."""
   s = tied_rows(np.random.default_rng(0))
@@ -60,6 +61,7 @@ def test_row_order_stats_equals_top_k_on_random_data(n):
   assert_matches_reference(s, tuple(ks))
 
 
+@pytest.mark.slow
 def test_row_order_stats_equals_top_k_with_ties_inf_and_signed_zeros():
   rng = np.random.default_rng(1)
   s = tied_rows(rng)

@@ -43,6 +43,7 @@ def f32_run(tmp_path_factory):
   return c, workdir, results, counts
 
 
+@pytest.mark.slow
 def test_demo_compiles_forward_once_and_each_score_once(f32_run):
   _, _, results, counts = f32_run
   sizes = results["meta"]["set_sizes"]

@@ -124,6 +124,7 @@ def test_torchvision_matches(kind, tmp_path):
     assert d_logits < TOL and d_pre < TOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.slow) if n == "efficientnet_b0" else n   # = torchvision v1
     for n in sorted(TIMM_SMALL)])

@@ -25,6 +25,7 @@ def quick_run(tmp_path_factory):
   return workdir, res
 
 
+@pytest.mark.slow
 def test_demo_writes_all_reports(quick_run):
   workdir, res = quick_run
   with open(os.path.join(workdir, "results.json")) as f:
@@ -62,6 +63,7 @@ def test_demo_writes_all_reports(quick_run):
     assert f"| vit-mu-digits | {d} | digits_0-5 |" in md
 
 
+@pytest.mark.slow
 def test_rerun_reuses_the_feature_cache(quick_run):
   workdir, _ = quick_run
   res = _main("--config=configs/demo.py:quick", "--config.train.steps=150",

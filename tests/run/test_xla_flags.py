@@ -79,6 +79,7 @@ def test_xla_compiles_with_the_flags_only_when_set_before_the_backend_starts():
                 + _LEVEL, env_flags="--xla_backend_optimization_level=2") == ["1", "2"]
 
 
+@pytest.mark.slow
 def test_the_cli_turns_it_on_and_the_config_off():
   if xla_flags.accelerator_plugins():
     pytest.skip("an accelerator plugin is installed: the process is not CPU-only")
