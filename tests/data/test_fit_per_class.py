@@ -1,52 +1,27 @@
 """Small runs stay small: a per-class fit set (`per_class`, the configs' fit_per_class) of a
 split with fewer classes or images than asked is planned at the size it really has, and
 preflight says so with the numbers (issue 33)."""
-import io
 import math
-import tarfile
 
 import ml_collections
 import numpy as np
 import pytest
-from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
 from fi_jax.data import loader as data
 from fi_jax.data import preprocess
 from fi_jax.run import benchmark as run
 from fi_jax.run import preflight
-from tfds_fi_imagenet import __main__ as cli
-from tfds_fi_imagenet import subsets, testing
+from tests.helpers.imagenet_standin import build_imagenet2012
+from tfds_fi_imagenet import subsets
 
 PP = "decode|resize(16)|value_range(-1, 1)"
 N_CLASSES, PER_CLASS = 20, 10   # of imagenet2012's 1000 classes
 
 
-def _tar_bytes(files):
-  buf = io.BytesIO()
-  with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-    for name, payload in files.items():
-      info = tarfile.TarInfo(name)
-      info.size = len(payload)
-      tar.addfile(info, io.BytesIO(payload))
-  return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def imagenet_dir(tmp_path_factory):
   """An imagenet2012 stand-in built by the project's builder: 20 classes x 10 images."""
-  root = tmp_path_factory.mktemp("imagenet_small")
-  with open(imagenet_common.label_names_file()) as f:
-    wnids = f.read().split()[:N_CLASSES]
-  inner = {f"{w}.tar": _tar_bytes({f"{w}_{i}.JPEG": testing.jpeg_bytes(16, seed=10 * c + i)
-                                   for i in range(PER_CLASS)})
-           for c, w in enumerate(wnids)}
-  testing.write_tar(root / "manual" / "ILSVRC2012_img_train.tar", inner)
-  data_dir = str(root / "data")
-  rc = cli.main(["build", "imagenet2012", f"--manual_dir={root / 'manual'}",
-                 f"--data_dir={data_dir}", f"--expect=train={N_CLASSES * PER_CLASS}",
-                 f"--expect=classes={N_CLASSES}"])
-  assert rc == 0
-  return data_dir
+  return build_imagenet2012(tmp_path_factory.mktemp("imagenet_small"), N_CLASSES, PER_CLASS)
 
 
 def _spec(data_dir, split="train", **kw):

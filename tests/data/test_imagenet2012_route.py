@@ -1,50 +1,25 @@
 """imagenet2012 from ILSVRC2012_img_train.tar alone (no beam, no val tar), read with TFDS split
 slicing and per-class subsets, and a pipeline fitted on it."""
-import io
 import os
-import tarfile
 
 import ml_collections
 import pytest
 import tensorflow_datasets as tfds
-from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
 from fi_jax.data import loader as data
 from fi_jax.data import preprocess
 from fi_jax.run import benchmark as run
+from tests.helpers.imagenet_standin import build_imagenet2012
 from tfds_fi_imagenet import __main__ as cli
-from tfds_fi_imagenet import testing
 
 PP = "decode|resize(16)|value_range(-1, 1)"
 N_CLASSES, PER_CLASS = 3, 4
 
 
-def _tar_bytes(files):
-  buf = io.BytesIO()
-  with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-    for name, payload in files.items():
-      info = tarfile.TarInfo(name)
-      info.size = len(payload)
-      tar.addfile(info, io.BytesIO(payload))
-  return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def imagenet_dir(tmp_path_factory):
   """A fake ILSVRC2012_img_train.tar as the real one: one <wnid>.tar per class of JPEGs."""
-  root = tmp_path_factory.mktemp("imagenet")
-  with open(imagenet_common.label_names_file()) as f:
-    wnids = f.read().split()[:N_CLASSES]
-  inner = {f"{w}.tar": _tar_bytes({f"{w}_{i}.JPEG": testing.jpeg_bytes(16, seed=10 * c + i)
-                                   for i in range(PER_CLASS)})
-           for c, w in enumerate(wnids)}
-  testing.write_tar(root / "manual" / "ILSVRC2012_img_train.tar", inner)
-  data_dir = str(root / "data")
-  rc = cli.main(["build", "imagenet2012", f"--manual_dir={root / 'manual'}",
-                 f"--data_dir={data_dir}", f"--expect=train={N_CLASSES * PER_CLASS}",
-                 f"--expect=classes={N_CLASSES}"])
-  assert rc == 0
-  return data_dir
+  return build_imagenet2012(tmp_path_factory.mktemp("imagenet"), N_CLASSES, PER_CLASS)
 
 
 def test_builds_tfds_imagenet2012_train_only(imagenet_dir):
