@@ -217,6 +217,7 @@ def test_weiper(data):
                             block_rows=64), ref, rtol=RTOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("same_blocks", [True, False])
 def test_weiper_reuses_weiper_kld_pass_in_a_shared_scope(data, monkeypatch, same_blocks):
   """Inside detectors.shared(), WeiPer+KLD scored first leaves WeiPer's scores: WeiPer's own
@@ -380,6 +381,7 @@ def test_weiper_kld_logit_bounds_hold_every_row(data):
   np.testing.assert_array_equal(np.asarray(hmm), [h.min(), h.max()])
 
 
+@pytest.mark.slow
 def test_weiper_kld_subsampled_fit_uses_the_seeded_rows(data):
   fit, test, head = data
   smp = stats.RowSample(200, 0, ("features",))

@@ -188,6 +188,7 @@ def test_neco_constant_column_is_kept_like_standard_scaler(data):
   assert_scores(fit_score("neco", fit2, test2, head, dim=10), ref_neco(fit2, test2, 10), rtol=RTOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("power,thres", [(1, 0.03), (2, 0.03), (1, 0.0)])
 def test_relation(data, power, thres):
   fit, test, head = data

@@ -189,6 +189,7 @@ def test_fit_on_batches_equals_fit_on_the_whole_set(name, monkeypatch):
   assert np.isfinite(np.asarray(det.score(whole, test))).all()
 
 
+@pytest.mark.slow
 def test_shared_scope_gives_identical_scores_and_shares_class_moments(monkeypatch):
   rng = np.random.default_rng(8)
   fit = _layer_set(rng, 300, DIMS, 3, relu=True)
@@ -208,6 +209,7 @@ def test_shared_scope_gives_identical_scores_and_shares_class_moments(monkeypatc
   assert len(calls) == len(DIMS)    # mdsens "first" (openood) reuses the stem's moments
 
 
+@pytest.mark.slow
 def test_nonfinite_drop_keeps_the_layer_columns_row_aligned():
   rng = np.random.default_rng(4)
   fit = _layer_set(rng, 300, DIMS, 3, relu=False)
@@ -235,6 +237,7 @@ def test_block_scoring_matches_one_call(name, monkeypatch):
   np.testing.assert_allclose(np.asarray(det.score(state, test)), whole, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_layer_detectors_beat_msp_when_ood_differs_in_an_early_layer():
   rng = np.random.default_rng(5)
   fit = _layer_set(rng, 600, DIMS, 3, relu=True)
@@ -274,6 +277,7 @@ def test_errors_name_what_is_wrong():
     detectors.build("gram", val_fraction=1e-6).fit(fit)
 
 
+@pytest.mark.slow
 def test_state_round_trip(tmp_path):
   rng = np.random.default_rng(7)
   fit = _layer_set(rng, 200, DIMS, 3, relu=False)
@@ -449,6 +453,7 @@ def test_demo_runs_the_layer_detectors_and_caches_their_columns(demo_run):
 
 # ----------------------------------------------------------------------------- evaluator
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_blocks", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_evaluator_runs_layer_detectors_or_fails_them_alone(with_blocks):
   model, params = _tiny_vit()

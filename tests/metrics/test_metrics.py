@@ -176,6 +176,7 @@ def grouped_data(seed, layout="small_classes"):
   return x, y, rng.permutation(g)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout, tpr", [("small_classes", 0.95), ("small_classes", 0.7),
                                          ("large_classes", 0.95)])
 def test_macro_and_table_match_sklearn_loop(layout, tpr):
@@ -222,6 +223,7 @@ def test_bootstrap_matches_numpy_reference_loop():
   assert got["n_bootstrap"] == n_boot and got["ci_level"] == ci
 
 
+@pytest.mark.slow
 def test_bootstrap_seeded_and_contains_estimate():
   rng = np.random.default_rng(4)
   x, y = make_scores("continuous", rng, 500, 300)

@@ -103,6 +103,7 @@ def test_source_from_config_and_headless(ckpts):
     convnext.load(_init(model, 64), ckpts["torchvision"][1], {"source": "timm"})
 
 
+@pytest.mark.slow
 def test_bfloat16(ckpts):
   ref, path = ckpts["timm"]
   x = np.random.default_rng(0).normal(size=(2, 64, 64, 3)).astype(np.float32)
