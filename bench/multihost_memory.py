@@ -41,6 +41,7 @@ from configs import common  # noqa: E402
 from fi_jax.common import distributed
 from fi_jax.data import loader as data
 from fi_jax.run import benchmark as run
+from fi_jax.run import jax_cache
 from fi_jax.run import model as run_model
 
 
@@ -80,7 +81,7 @@ def worker(args) -> None:
   c.id_fit = ml_collections.ConfigDict(digits)
   c.id_test = ml_collections.ConfigDict(digits)
   c.ood = ml_collections.ConfigDict({f"all_{i}": dict(digits) for i in range(args.ood_sets)})
-  run.use_compilation_cache("")
+  jax_cache.use("")
   data._tf()  # TF, which reads the sets, is in the baseline
   before = _status("VmRSS")
   reset = _reset_peak()

@@ -176,10 +176,6 @@ def report_extras(specs: dict[str, dict], sets: dict) -> dict:
   return {"group_names": names, "predicted_as": predicted}
 
 
-# JAX's persistent compilation cache (fi_jax/run/jax_cache.py)
-default_compilation_cache_dir = jax_cache.default_dir
-use_compilation_cache = jax_cache.use
-
 
 def _checks(config, workdir: str, log: Log) -> tuple[dict, dict]:
   """(detectors, set specs) once every value (`validate`), detector and set, file and
@@ -188,7 +184,7 @@ def _checks(config, workdir: str, log: Log) -> tuple[dict, dict]:
   validate.validate_config(config, workdir)   # every bad value fails here, before any work
   if config.get("x64", True):
     jax.config.update("jax_enable_x64", True)
-  use_compilation_cache(config.get("compilation_cache_dir", None))
+  jax_cache.use(config.get("compilation_cache_dir", None))
   dets = config_detectors(config)   # fails fast on unknown detector names / hparams
   specs = config_specs(config)
   t = time.time()
