@@ -8,6 +8,10 @@ timm or open_clip).
 
 XLA: the quick-compiling CPU pipeline the CLI uses on a CPU-only machine (fi_jax.run.xla_flags),
 set before JAX starts its backend; the subprocesses the tests start inherit it.
+
+Order: the tests marked `slow` run first (otherwise in collection order). pytest-xdist hands
+tests out in collection order, so a long test collected last keeps one worker busy after the
+other has finished; longest-first keeps both workers busy to the end.
 """
 import os
 
@@ -25,3 +29,9 @@ xla_flags.fast_cpu_compile()
 
 jax.config.update("jax_enable_x64", True)
 torchvision_shim.install()
+
+
+def pytest_collection_modifyitems(config, items):
+  """The `slow` tests first, each group in collection order (see the module docstring)."""
+  del config
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
