@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
-from tests.helpers import torchvision_shim  # noqa: E402
+from fi_jax.models import torchvision_shim  # noqa: E402
 
 
 def alternate(fns: dict[str, Callable[[], np.ndarray]], repeats: int) -> dict[str, float]:

@@ -59,7 +59,7 @@ def main() -> None:
   root = args.keep or tempfile.mkdtemp(prefix="fi_jax_bench_sweep_")
   os.makedirs(root, exist_ok=True)
 
-  from tests.helpers import torchvision_shim
+  from fi_jax.models import torchvision_shim
   torchvision_shim.install()
   from configs import sweep as sweep_config
   from fi_jax.report import leaderboard, schema

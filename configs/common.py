@@ -183,5 +183,7 @@ def zoo_benchmark(source: str, arg: ml_collections.ConfigDict) -> ml_collections
   c.pp = info["pp"]
   if arg.res:
     c.init_shape, c.pp = (1, arg.res, arg.res, 3), zoo_pp_at(info["pp"], arg.res)
+    if info["route"] == "torchax":   # its admission check probes at the evaluated size
+      c.model.input_size = arg.res
   c.input_std = tuple(info["std"])
   return imagenet_benchmark(c, arg)

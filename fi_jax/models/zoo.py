@@ -167,10 +167,32 @@ def _mean_std(pp: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 def resolve(name: str) -> dict[str, Any]:
   """The `info` of a checkpoint name (no file needed): the PRETRAINED entry plus `name` (the
-  full name), `family`, `mean` and `std` (those of its pp's normalize) and `model` (the
-  Model kwargs: num_classes, variant)."""
-  full = canonical_name(name)
-  info = dict(table()[full], name=full)
+  full name), `family`, `route`, `mean` and `std` (those of its pp's normalize) and `model`
+  (the Model kwargs: num_classes, variant).
+
+  `route` is "flax" for the native ports (they keep priority) and "torchax" for any other
+  timm / torchvision ImageNet-1k classifier, which runs through torchax
+  (`fi_jax.models.torchax_classifier`; needs the `torch` extra or that route's cache)."""
+  try:
+    full = canonical_name(name)
+  except ValueError as native:
+    return _resolve_torchax(name, native)
+  info = dict(table()[full], name=full, route="flax")
+  info["mean"], info["std"] = _mean_std(info["pp"])
+  info["model"] = dict(num_classes=info["num_classes"], variant=info["variant"])
+  return info
+
+
+def _resolve_torchax(name: str, native: ValueError) -> dict[str, Any]:
+  """`resolve` of a name without a native port, through the torchax route."""
+  from fi_jax.models import torchax_classifier  # torch-side, and only for such names
+  try:
+    entry = torchax_classifier.resolve(name)
+  except ImportError as e:
+    raise ValueError(f"{native} Models without a native port run through torchax: {e}") from None
+  except ValueError as e:
+    raise ValueError(f"{native} (Nor does the torchax route take it: {e})") from None
+  info = dict(entry, name=entry["variant"])
   info["mean"], info["std"] = _mean_std(info["pp"])
   info["model"] = dict(num_classes=info["num_classes"], variant=info["variant"])
   return info

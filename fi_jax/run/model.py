@@ -90,6 +90,8 @@ def build_model(config, log: Log, params_cache: Optional[str] = None,
     t = time.time()
     params = mod.load(params, config.model_init, model_cfg, **load_kw)
     meta["model_init"] = config.model_init
+    if config.model_name == "torchax_classifier":   # its equivalence check against torch
+      meta["torchax_admission"] = mod.admission(config.model_init, model_cfg)
     log(f"Loaded {config.model_init} ({time.time() - t:.1f} s).")
   if trained is not None:
     params = jax.tree.map(jnp.asarray, checkpoints.recover_tree(trained))
