@@ -12,7 +12,9 @@ API (what `fi_jax.pipeline` and the big_vision evaluator build on):
   for rows in fwd.chunks(params, batches): ...          # rows of each batch, padding dropped
   arrays = fwd.extract(params, batches)                  # the set in order (this process's rows)
 
-A `Forward` holds one `jax.jit` step; XLA compiles it once per (parameter structure, per-device
+A `Forward` holds one `jax.jit` step (compiled with `fi_jax.common.compile_options.model_step()`:
+XLA's default code generation where the CLI chose the quick CPU pipeline for everything else);
+XLA compiles it once per (parameter structure, per-device
 batch shape), so every set that goes through the same `Forward` with the same global batch
 size (sets are padded to it) reuses one compilation. Input scorers (ODIN) are part of the
 step, with flags passed with the batch: `chunks(..., scorers=names)` keeps only the named
@@ -51,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.common import columns as columns_lib
-from fi_jax.common import distributed
+from fi_jax.common import compile_options, distributed
 from fi_jax.extract import layer_columns as layer_lib
 
 # predict_fn(params, images) -> (logits [B, C], features [B, D])
@@ -127,7 +129,8 @@ class Forward:
           out[columns_lib.scorer_column(col, name)] = v
       return out
 
-    self.step = jax.jit(step, out_shardings=self._split)
+    self.step = jax.jit(step, out_shardings=self._split,
+                        compiler_options=compile_options.model_step())
     self._active: dict[tuple[str, ...], jax.Array] = {}
     self._warming: Optional[concurrent.futures.Future] = None
 

@@ -16,6 +16,11 @@ accelerator plugin is installed (`jax_plugins` modules or entry points, libtpu);
 TPU machine `xla_backend_optimization_level` would also lower the accelerator's code. A flag
 the user already put in XLA_FLAGS is never changed. Results differ from the default
 pipeline's in the last bits (another code generator, which the demo's training amplifies); `results.json` records XLA_FLAGS in `meta.xla_flags`.
+
+The model's forward steps are the exception: one large program run for every batch, which
+the quick pipeline makes slower (a ResNet-50 forward ~1.2-1.4x: its batch-norm / ReLU
+fusions), so when `fast_cpu_compile` adds the flags it also records XLA's defaults for them
+as the forward step's `compiler_options` (`fi_jax.common.compile_options`).
 """
 from __future__ import annotations
 
@@ -27,9 +32,14 @@ from typing import MutableMapping, Optional, Sequence
 
 import jax
 
+from fi_jax.common import compile_options
+
 # flag -> value; each is known to the pinned jaxlib and to TensorFlow's XLA (an unknown flag in
 # XLA_FLAGS aborts the process)
 FAST_CPU_COMPILE = {"xla_cpu_use_fusion_emitters": "false", "xla_backend_optimization_level": "1"}
+# XLA's own defaults for the same flags: a model's forward step compiles with these
+# (fi_jax.common.compile_options) when the quick flags were applied
+XLA_DEFAULTS = {"xla_cpu_use_fusion_emitters": True, "xla_backend_optimization_level": 3}
 
 
 def accelerator_plugins() -> list[str]:
@@ -83,4 +93,7 @@ def fast_cpu_compile(environ: Optional[MutableMapping[str, str]] = None, *,
   added = [f"--{k}={v}" for k, v in FAST_CPU_COMPILE.items() if k not in have]
   if added:
     environ["XLA_FLAGS"] = " ".join([current.strip(), *added]).strip()
+    if environ is os.environ:   # this process: its model forward keeps XLA's defaults
+      compile_options.set_model_step({k: XLA_DEFAULTS[k] for k in FAST_CPU_COMPILE
+                                      if k not in have})
   return added

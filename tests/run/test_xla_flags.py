@@ -90,3 +90,32 @@ def test_the_cli_turns_it_on_and_the_config_off():
   assert " ".join(_child(code)) == FAST
   off = code.replace("sys.argv[1:]", "['--config.cpu_fast_compile=False']")
   assert _child(off) == ["-"]
+
+
+@pytest.mark.slow
+def test_the_model_forward_keeps_xlas_defaults_for_the_flags_added():
+  """The quick flags are for the many small programs; the flags fast_cpu_compile added are
+  restored to XLA's defaults for the model's forward step (fi_jax.common.compile_options), a
+  flag the user set is left as the user set it."""
+  if xla_flags.accelerator_plugins():
+    pytest.skip("an accelerator plugin is installed: the process is not CPU-only")
+  code = ("import json; from fi_jax.run import xla_flags; xla_flags.fast_cpu_compile(); "
+          "from fi_jax.common import compile_options; "
+          "print(json.dumps(compile_options.model_step(), sort_keys=True, separators=(',', ':')))")
+  assert _child(code) == ['{"xla_backend_optimization_level":3,"xla_cpu_use_fusion_emitters":true}']
+  assert _child(code, env_flags="--xla_backend_optimization_level=2") == [
+      '{"xla_cpu_use_fusion_emitters":true}']
+
+
+def test_forward_compiles_its_step_with_the_model_step_options(monkeypatch):
+  from fi_jax.common import compile_options, distributed
+  from fi_jax.extract import forward
+  seen = []
+  real_jit = forward.jax.jit
+  monkeypatch.setattr(forward.jax, "jit", lambda f, **kw: seen.append(kw) or real_jit(f, **kw))
+  monkeypatch.setattr(compile_options, "_MODEL_STEP", {"xla_backend_optimization_level": 3})
+  forward.Forward(lambda p, x: (x, x), distributed.data_mesh())
+  assert seen[-1]["compiler_options"] == {"xla_backend_optimization_level": 3}
+  monkeypatch.setattr(compile_options, "_MODEL_STEP", None)
+  forward.Forward(lambda p, x: (x, x), distributed.data_mesh())
+  assert seen[-1]["compiler_options"] is None
