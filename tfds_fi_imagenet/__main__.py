@@ -12,6 +12,7 @@ one line on stderr, no traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Optional, Sequence
 
@@ -56,13 +57,23 @@ def _parser() -> argparse.ArgumentParser:
   b.add_argument("--register_checksums", action="store_true",
                  help="record the downloads' size and SHA-256 in the builder's checksums.tsv")
   b.add_argument("--skip_md5", action="store_true",
-                 help="do not check the published MD5 of the download (ninco, inaturalist_ood)")
+                 help="do not check the published MD5 of the archive (the downloading builders "
+                      "but textures_ood, whose SHA-256 TFDS checks)")
   sub.add_parser("list", help="print the dataset names and their configs")
   return p
 
 
+class _QuietFreshDataDir(logging.Filter):
+  """Drops TFDS's warning about a not yet prepared version folder ('Variant folder ... has no
+  dataset_info.json'): every first build would print it."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Variant folder")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = _parser().parse_args(argv)
+  logging.getLogger("absl").addFilter(_QuietFreshDataDir())
   if args.command == "list":
     for name in sorted(build.DATASETS):
       configs = list(build.builder_class(name).builder_configs)
