@@ -15,7 +15,7 @@ from tfds_fi_imagenet.places_ood import places_ood_dataset_builder as places
 from tfds_fi_imagenet.sun_ood import sun_ood_dataset_builder as sun
 
 
-def _smooth_image(rng, size=48) -> Image.Image:
+def _smooth_image(rng, size=32) -> Image.Image:
   """A distinct natural-looking image: a random 6x6 colour grid, bicubic-upsampled, with noise."""
   grid = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
   img = np.asarray(Image.fromarray(grid).resize((size, size), Image.Resampling.BICUBIC), np.int16)
@@ -49,7 +49,7 @@ def test_planted_duplicates_found_and_no_false_positive_among_1000():
     ood_items.append((f"exact_{k}", _encode(ref[r], optimize=True)))
   planted_near = {}
   for k, r in enumerate(resized_src):  # resized up or down, JPEG re-encoded
-    size = (64, 64) if k % 2 else (37, 37)
+    size = (48, 48) if k % 2 else (25, 25)
     planted_near[len(ood_items)] = r
     ood_items.append((f"resized_{k}", _encode(ref[r].resize(size, Image.Resampling.BILINEAR),
                                               "JPEG", quality=90)))
