@@ -44,6 +44,7 @@ def _cli_offline(tmp_path, *args):
   return r, time.time() - t
 
 
+@pytest.mark.slow
 def test_ninco_without_network_is_one_line_within_seconds(tmp_path):
   r, seconds = _cli_offline(tmp_path, "build", "ninco", f"--data_dir={tmp_path / 'data'}")
   assert r.returncode == 2, r.stderr[-2000:]

@@ -97,6 +97,7 @@ def _build(tmp_path, monkeypatch, module, folder, files):
                       manual_dir=str(manual), expected={"test": len(files)})
 
 
+@pytest.mark.slow
 def test_overlap_cli_report_and_drop_overlaps_spec(tmp_path, monkeypatch, no_network, capsys):
   from fi_jax.data import loader
   from tfds_fi_imagenet.__main__ import main
