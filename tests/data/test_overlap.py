@@ -138,6 +138,16 @@ def test_overlap_cli_report_and_drop_overlaps_spec(tmp_path, monkeypatch, no_net
       "sun/images/sun_a.jpg", "sun/images/sun_b.jpg"]}
   with pytest.raises(ValueError, match=r"does not cover places_ood:test"):
     loader.open_set(dict(spec, name="places_ood"))
+  # the run's preflight names a missing or foreign report; results.json records the drops
+  from fi_jax.run import benchmark, preflight
+  assert preflight.check_tfds_set("ood/sun", spec) is None
+  assert "does not cover places_ood:test" in preflight.check_tfds_set(
+      "ood/places", dict(spec, name="places_ood"))
+  assert "cannot read the overlap report" in preflight.check_tfds_set(
+      "ood/sun", dict(spec, drop_overlaps=str(tmp_path / "missing.json")))
+  extras = benchmark.report_extras({"id_test": dict(source="digits", split="test"),
+                                    "ood/sun": spec}, {"ood/sun": {"group": None}})
+  assert extras["dropped_overlaps"] == {"sun": loader.dropped_overlaps(spec)}
 
 
 def _read(tmp_path, name):
