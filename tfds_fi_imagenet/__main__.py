@@ -5,7 +5,7 @@
       [--file_format=tfrecord|array_record] [--register_checksums] [--skip_md5]
   python -m tfds_fi_imagenet list
   python -m tfds_fi_imagenet overlap --data_dir=DIR SET... [--reference SET ...]
-      [--no_reference] [--threshold=BITS] [--output=FILE]
+      [--no_reference] [--threshold=BITS] [--workers=N] [--output=FILE]
 
 Exit codes: 0 built; 2 bad usage or missing inputs (unknown name, missing manual dir or
 files); 1 invalid data (duplicates, overlaps, wrong counts, corrupt images). Errors are
@@ -76,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="compare the OOD sets only with each other")
   o.add_argument("--threshold", type=int, default=overlap.DEFAULT_THRESHOLD,
                  help="near duplicate: pHash Hamming distance <= this many bits of 64")
+  o.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                 help="processes decoding images for the hashes (default: all CPUs)")
   o.add_argument("--output", help="the JSON report (default DATA_DIR/overlap_report.json); "
                                   "a set spec's drop_overlaps= names it")
   return p
@@ -84,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 def _overlap(args) -> int:
   refs = [] if args.no_reference else (args.reference or list(overlap.DEFAULT_REFERENCES))
   report = overlap.find_overlaps(args.sets, args.data_dir, references=refs,
-                                 threshold=args.threshold,
+                                 threshold=args.threshold, workers=args.workers,
                                  log=lambda m: print(m, file=sys.stderr))
   out = args.output or os.path.join(args.data_dir, "overlap_report.json")
   with open(out, "w") as f:

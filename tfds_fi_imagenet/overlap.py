@@ -16,7 +16,8 @@ threshold+1 chunks, and two hashes within the threshold agree exactly on at leas
 (pigeonhole), so only hashes sharing a chunk value are compared.
 
 A set is `NAME[/CONFIG][:SPLIT]` (all splits when SPLIT is left out). Hashes are cached per
-split under `<data_dir>/overlap_hashes/` (the reference splits of ImageNet-1k are hashed once).
+split under `<data_dir>/overlap_hashes/` (the reference splits of ImageNet-1k are hashed once;
+`workers` processes decode in parallel).
 The report (JSON) lists every overlap and, per set, the file names a set spec's
 `drop_overlaps=<report>` removes: an OOD image with a duplicate in a reference split, and of
 two duplicate OOD images the one in the set named later (so the union keeps one copy).
@@ -67,20 +68,58 @@ def image_hashes(data: bytes) -> tuple[bytes, np.ndarray]:
   return digest, grey
 
 
-def hash_images(items: Iterable[tuple[str, bytes]], batch: int = 1024
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(file names [N] str, pixel digests [N] S16, phashes [N] uint64) of (name, bytes)."""
-  names, digests, hashes, greys = [], [], [], []
-  for name, data in items:
+def _hash_chunk(datas: list[bytes]) -> tuple[list[bytes], np.ndarray]:
+  """(pixel digests, phashes) of a list of encoded images."""
+  digests, greys = [], []
+  for data in datas:
     digest, grey = image_hashes(data)
-    names.append(name)
     digests.append(digest)
     greys.append(grey)
-    if len(greys) == batch:
-      hashes.append(phash_grey32(np.stack(greys)))
-      greys = []
-  if greys:
-    hashes.append(phash_grey32(np.stack(greys)))
+  return digests, (phash_grey32(np.stack(greys)) if greys else np.zeros(0, np.uint64))
+
+
+def _chunked(items: Iterable[tuple[str, bytes]], size: int) -> Iterator[tuple[list, list]]:
+  names, datas = [], []
+  for name, data in items:
+    names.append(name)
+    datas.append(data)
+    if len(datas) == size:
+      yield names, datas
+      names, datas = [], []
+  if datas:
+    yield names, datas
+
+
+def hash_images(items: Iterable[tuple[str, bytes]], *, workers: int = 1, chunk: int = 512
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(file names [N] str, pixel digests [N] S16, phashes [N] uint64) of (name, bytes), in
+  order. `workers` > 1 decodes in that many processes (a few chunks in flight at a time)."""
+  names, digests, hashes = [], [], []
+
+  def collect(chunk_names, result):
+    names.extend(chunk_names)
+    digests.extend(result[0])
+    hashes.append(result[1])
+
+  if workers <= 1:
+    for chunk_names, datas in _chunked(items, chunk):
+      collect(chunk_names, _hash_chunk(datas))
+  else:
+    import collections
+    import concurrent.futures
+    import multiprocessing
+    # spawn: the parent may run TensorFlow's threads, which fork would copy mid-flight
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+      pending = collections.deque()
+      for chunk_names, datas in _chunked(items, chunk):
+        pending.append((chunk_names, pool.submit(_hash_chunk, datas)))
+        if len(pending) >= 2 * workers:
+          done_names, future = pending.popleft()
+          collect(done_names, future.result())
+      while pending:
+        done_names, future = pending.popleft()
+        collect(done_names, future.result())
   return (np.asarray(names, dtype=str), np.asarray(digests, dtype="S16"),
           np.concatenate(hashes) if hashes else np.zeros(0, np.uint64))
 
@@ -191,7 +230,7 @@ def _examples(builder, split: str) -> Iterator[tuple[str, bytes]]:
     yield name, ex["image"]
 
 
-def split_hashes(builder, split: str, data_dir: str, log=print):
+def split_hashes(builder, split: str, data_dir: str, log=print, workers: int = 1):
   """(file names, pixel digests, phashes) of a prepared split, cached under data_dir."""
   cfg = builder.builder_config.name if builder.builder_config else "_"
   path = os.path.join(data_dir, "overlap_hashes", builder.name, cfg, str(builder.version),
@@ -202,7 +241,7 @@ def split_hashes(builder, split: str, data_dir: str, log=print):
       if len(z["phash"]) == n:
         return z["file_name"], z["pixel"], z["phash"]
   log(f"hashing {set_key(builder, split)} ({n} images)")
-  names, digests, hashes = hash_images(_examples(builder, split))
+  names, digests, hashes = hash_images(_examples(builder, split), workers=workers)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = path + ".tmp.npz"
   np.savez(tmp, file_name=names, pixel=digests, phash=hashes)
@@ -225,11 +264,11 @@ def _resolve(specs: Sequence[str], data_dir: str) -> list[tuple[str, object, str
 
 def find_overlaps(sets: Sequence[str], data_dir: str, *,
                   references: Sequence[str] = DEFAULT_REFERENCES,
-                  threshold: int = DEFAULT_THRESHOLD, log=print) -> dict:
+                  threshold: int = DEFAULT_THRESHOLD, log=print, workers: int = 1) -> dict:
   """The overlap report of OOD `sets` against `references` and against each other."""
   ood = _resolve(sets, data_dir)
   refs = _resolve(references, data_dir)
-  hashed = {key: split_hashes(b, s, data_dir, log) for key, b, s in ood + refs}
+  hashed = {key: split_hashes(b, s, data_dir, log, workers) for key, b, s in ood + refs}
   overlaps = []
 
   def add(key_a, key_b, same=False):

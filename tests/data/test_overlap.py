@@ -67,6 +67,16 @@ def test_planted_duplicates_found_and_no_false_positive_among_1000():
                                  np.concatenate([rd, od[:400]]), same=True)[0]) == 0
 
 
+@pytest.mark.slow
+def test_hashing_in_worker_processes_keeps_order_and_values():
+  rng = np.random.default_rng(2)
+  items = [(f"im_{k}", _encode(_smooth_image(rng, 16))) for k in range(10)]
+  one = overlap.hash_images(items, chunk=3)
+  two = overlap.hash_images(items, chunk=3, workers=2)
+  for a, b in zip(one, two):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_near_pairs_equals_brute_force():
   rng = np.random.default_rng(1)
   a = rng.integers(0, 2**63, 300, dtype=np.uint64)
@@ -115,7 +125,7 @@ def test_overlap_cli_report_and_drop_overlaps_spec(tmp_path, monkeypatch, no_net
       "sun_c.jpg": _encode(pics[2], "JPEG"), "sun_d.jpg": _encode(pics[3], "JPEG")})
   data_dir, out = str(tmp_path / "data"), str(tmp_path / "report.json")
   assert main(["overlap", f"--data_dir={data_dir}", "sun_ood", "--reference", "places_ood:test",
-               f"--output={out}"]) == 0
+               f"--output={out}", "--workers=1"]) == 0
   printed = capsys.readouterr().out
   assert "sun_ood:test: 4 images, 1 exact and 1 near duplicate pair(s); drop_overlaps removes 2" \
       in printed, printed
