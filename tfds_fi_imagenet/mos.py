@@ -8,7 +8,7 @@ archive may be placed in the manual dir instead of downloaded (`downloads.fetch`
 """
 from __future__ import annotations
 
-from typing import ClassVar, Iterator
+from typing import ClassVar, Iterator, Optional
 
 import tensorflow_datasets as tfds
 from etils import epath
@@ -36,6 +36,8 @@ class MosBuilder(builder.OodBuilder, skip_registration=True):
   ARCHIVE: ClassVar[downloads.Archive]
   LIST_DIR: ClassVar[str]          # first component of `file_name`
   COUNTS: ClassVar[dict[str, int]]
+  # optional list in the manual dir giving each file's category (MOS's data_lists/ file)
+  CLASS_LIST: ClassVar[Optional[str]] = None
   HOMEPAGE = "https://github.com/deeplearning-wisc/large_scale_ood"
 
   def __init__(self, *, verify_md5: bool = True, **kwargs):
@@ -50,9 +52,28 @@ class MosBuilder(builder.OodBuilder, skip_registration=True):
     return [self.ARCHIVE]
 
   def class_of(self, base: str) -> str:
-    """The OOD class of an image from its file name ('' when the name carries none)."""
-    del base
-    return ""
+    """The OOD class of an image: from the CLASS_LIST when the manual dir has it, else ''
+    (subclasses read it from the file name)."""
+    return self.__dict__.get("_listed_classes", {}).get(base, "")
+
+  def _read_class_list(self, dl_manager) -> None:
+    """Reads CLASS_LIST from the manual dir, when there: lines '<letter>/<category path>/
+    <file> <index>' (MOS's data_lists/sun_selected_list.txt) -> {file: category path}."""
+    manual = downloads.manual_dir_of(dl_manager)
+    path = manual / self.CLASS_LIST if manual is not None and self.CLASS_LIST else None
+    if path is None or not path.exists():
+      return
+    listed = {}
+    for no, raw in enumerate(path.read_text().splitlines(), start=1):
+      line = raw.strip()
+      if not line or line.startswith("#"):
+        continue
+      parts = line.split()[0].split("/")
+      if len(parts) < 3:
+        raise ValueError(f"{path.name} line {no}: {line!r} is not '<letter>/<category>/<file> "
+                         "<index>'; is this MOS's list?")
+      listed[parts[-1]] = "/".join(parts[1:-1])
+    self._listed_classes = listed
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
@@ -64,6 +85,7 @@ class MosBuilder(builder.OodBuilder, skip_registration=True):
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     archive = downloads.fetch(self, dl_manager, self.ARCHIVE, verify_md5=self.verify_md5)
+    self._read_class_list(dl_manager)
     extracted = epath.Path(dl_manager.extract(
         tfds.download.Resource(path=archive, extract_method=tfds.download.ExtractMethod.TAR_GZ)))
     reader = archives.ImageArchive(extracted)

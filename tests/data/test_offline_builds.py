@@ -154,3 +154,21 @@ def test_mos_sets_from_real_layout_archives(tmp_path, no_network, monkeypatch, m
   assert b.info.metadata["ood_class_names"] == named
   assert all(int(e["ood_class_id"]) == (named.index(got[e["file_name"].decode()])
                                         if got[e["file_name"].decode()] else -1) for e in exs)
+
+
+def test_sun_classes_from_mos_selected_list_in_manual_dir(tmp_path, no_network, monkeypatch):
+  names = ["sun_aaaevyiuguntlerb.jpg", "sun_bsqlhpesrcwkeozl.jpg", "sun_czzzzzzzzzzzzzzz.jpg"]
+  files = {f"SUN/images/{n}": testing.jpeg_bytes(16, i) for i, n in enumerate(names)}
+  tgz = testing.write_tar(tmp_path / "manual" / "SUN.tar.gz", files)
+  _md5_matching(monkeypatch, sun, tgz)
+  (tmp_path / "manual" / "sun_selected_list.txt").write_text(
+      "s/ski_slope/sun_aaaevyiuguntlerb.jpg 324\n"
+      "w/waterfall/block/sun_bsqlhpesrcwkeozl.jpg 383\n")   # the third file is not listed
+  b = build.build_dataset("sun_ood", data_dir=str(tmp_path / "data"),
+                          manual_dir=str(tgz.parent), expected={"test": 3})
+  got = {e["file_name"].decode(): (e["ood_class"].decode(), int(e["ood_class_id"]))
+         for e in tfds.as_numpy(b.as_dataset(split="test"))}
+  assert got == {"sun/images/sun_aaaevyiuguntlerb.jpg": ("ski_slope", 0),
+                 "sun/images/sun_bsqlhpesrcwkeozl.jpg": ("waterfall/block", 1),
+                 "sun/images/sun_czzzzzzzzzzzzzzz.jpg": ("", -1)}
+  assert b.info.metadata["ood_class_names"] == ["ski_slope", "waterfall/block"]
