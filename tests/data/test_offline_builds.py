@@ -56,6 +56,19 @@ def test_ninco_without_network_is_one_line_within_seconds(tmp_path):
           in lines[0] and "--manual_dir" in lines[0]), lines[0]
 
 
+def test_ninco_cli_with_archive_in_manual_dir_builds_without_network(tmp_path, no_network,
+                                                                      capsys):
+  # the same command with the archive in --manual_dir (in-process: TF is loaded already); the
+  # stand-in archive has another MD5, hence --skip_md5 (the MD5 check is tested below)
+  from tfds_fi_imagenet.__main__ import main
+  archive = _ninco_manual(tmp_path)
+  assert main(["build", "ninco", f"--data_dir={tmp_path / 'data'}",
+               f"--manual_dir={archive.parent}", "--skip_md5", "--expect", "test=3",
+               "--expect", "classes=2"]) == 0
+  out = capsys.readouterr().out
+  assert "Built ninco/ood_classes/1.0.0" in out and "test: 3" in out, out
+
+
 NINCO_FILES = {"NINCO/NINCO_OOD_classes/okapi/okapi_1.jpg": 1,
                "NINCO/NINCO_OOD_classes/okapi/okapi_2.jpg": 2,
                "NINCO/NINCO_OOD_classes/kiwi/kiwi_1.png": 3,
