@@ -17,8 +17,9 @@ threshold+1 chunks, and two hashes within the threshold agree exactly on at leas
 
 A set is `NAME[/CONFIG][:SPLIT]` (all splits when SPLIT is left out). Hashes are cached per
 split under `<data_dir>/overlap_hashes/` (the reference splits of ImageNet-1k are hashed once;
-`workers` processes decode in parallel).
-The report (JSON) lists every overlap and, per set, the file names a set spec's
+`workers` processes decode in parallel). Sets made of a reference split's own images
+(fi_imagenet_1k: ImageNet-1k validation images) are not compared with it (the report's
+`skipped`). The report (JSON) lists every overlap and, per set, the file names a set spec's
 `drop_overlaps=<report>` removes: an OOD image with a duplicate in a reference split, and of
 two duplicate OOD images the one in the set named later (so the union keeps one copy).
 """
@@ -35,6 +36,8 @@ import numpy as np
 DEFAULT_THRESHOLD = 4
 DEFAULT_REFERENCES = ("imagenet2012:train", "imagenet2012:validation")
 _N, _LOW = 32, 8
+# reference split -> the sets made of its images (every image would be an exact duplicate)
+_SUBSETS_OF = {"imagenet2012:validation": ("fi_imagenet_1k",)}
 
 
 def _dct_matrix() -> np.ndarray:
@@ -262,6 +265,12 @@ def _resolve(specs: Sequence[str], data_dir: str) -> list[tuple[str, object, str
   return out
 
 
+def comparable(set_key: str, reference_key: str) -> bool:
+  """False when the set is made of the reference split's own images (fi_imagenet_1k and
+  imagenet2012:validation), where every image would be reported."""
+  return set_key.split("/")[0].split(":")[0] not in _SUBSETS_OF.get(reference_key, ())
+
+
 def find_overlaps(sets: Sequence[str], data_dir: str, *,
                   references: Sequence[str] = DEFAULT_REFERENCES,
                   threshold: int = DEFAULT_THRESHOLD, log=print, workers: int = 1) -> dict:
@@ -285,8 +294,13 @@ def find_overlaps(sets: Sequence[str], data_dir: str, *,
                          "distance": int(d), "with_set": key_b, "with_file_name": str(nb[j])})
 
   keys = [k for k, _, _ in ood]
+  skipped = []
   for key in keys:
     for ref, _, _ in refs:
+      if not comparable(key, ref):
+        skipped.append({"set": key, "with_set": ref,
+                        "reason": "its images are taken from this split"})
+        continue
       add(key, ref)
   for x, key_a in enumerate(keys):
     for key_b in keys[x + 1:]:
@@ -306,6 +320,7 @@ def find_overlaps(sets: Sequence[str], data_dir: str, *,
       "references": {k: int(len(hashed[k][0])) for k in sorted(ref_keys)},
       "overlaps": overlaps,
       "drop": {k: sorted(v) for k, v in drop.items()},
+      "skipped": skipped,
   }
 
 

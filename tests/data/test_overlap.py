@@ -77,6 +77,12 @@ def test_hashing_in_worker_processes_keeps_order_and_values():
     np.testing.assert_array_equal(a, b)
 
 
+def test_sets_made_of_a_reference_are_not_compared_with_it():
+  assert not overlap.comparable("fi_imagenet_1k:ood", "imagenet2012:validation")
+  assert overlap.comparable("fi_imagenet_1k:ood", "imagenet2012:train")
+  assert overlap.comparable("ninco/ood_classes:test", "imagenet2012:validation")
+
+
 def test_near_pairs_equals_brute_force():
   rng = np.random.default_rng(1)
   a = rng.integers(0, 2**63, 300, dtype=np.uint64)
@@ -134,6 +140,7 @@ def test_overlap_cli_report_and_drop_overlaps_spec(tmp_path, monkeypatch, no_net
       ("sun/images/sun_a.jpg", "exact", "places/images/b_badlands_00000001.jpg"),
       ("sun/images/sun_b.jpg", "near", "places/images/b_badlands_00000002.jpg")}
   assert report["drop"] == {"sun_ood:test": ["sun/images/sun_a.jpg", "sun/images/sun_b.jpg"]}
+  assert report["skipped"] == []
 
   spec = dict(source="tfds", name="sun_ood", split="test", data_dir=data_dir,
               label_key=None, drop_overlaps=out)
@@ -164,3 +171,19 @@ def _read(tmp_path, name):
   import tensorflow_datasets as tfds
   b = tfds.builder(name, data_dir=str(tmp_path / "data"))
   return tfds.as_numpy(b.as_dataset(split="test", decoders={"image": tfds.decode.SkipDecoding()}))
+
+
+@pytest.mark.slow
+def test_overlap_with_imagenet2012_train(tmp_path, monkeypatch, no_network):
+  from tests.helpers import imagenet_standin
+  data_dir = imagenet_standin.build_imagenet2012(tmp_path, n_classes=2, per_class=2)
+  train_image = testing.jpeg_bytes(16, seed=10 * 1 + 1)   # the stand-in's class 1, image 1
+  rng = np.random.default_rng(4)
+  _build(tmp_path, monkeypatch, sun, "SUN", {"sun_x.jpg": train_image,
+                                             "sun_y.jpg": _encode(_smooth_image(rng), "JPEG")})
+  report = overlap.find_overlaps(["sun_ood"], data_dir, references=["imagenet2012:train"],
+                                 log=lambda m: None)
+  assert [(o["file_name"], o["kind"], o["with_set"], o["with_file_name"])
+          for o in report["overlaps"]] == [
+      ("sun/images/sun_x.jpg", "exact", "imagenet2012:train", "n01443537_1.JPEG")]
+  assert report["references"] == {"imagenet2012:train": 4}
