@@ -9,7 +9,8 @@ os.environ.setdefault("NO_GCE_CHECK", "true")  # TF's GCS auth: never probe the 
 
 import tensorflow_datasets as tfds
 
-from tfds_fi_imagenet import errors, imagenet2012_train
+from tfds_fi_imagenet import builder as builder_lib
+from tfds_fi_imagenet import downloads, errors, imagenet2012_train
 
 # name -> whether the builder reads a manual dir (False: it downloads with checksums).
 DATASETS = {
@@ -19,6 +20,9 @@ DATASETS = {
     "inaturalist_ood": False,
     "openimage_o": True,
     "textures_ood": False,
+    "imagenet_o": False,
+    "sun_ood": False,
+    "places_ood": False,
     "imagenet2012": True,   # train split only, from ILSVRC2012_img_train.tar (imagenet2012_train.py)
 }
 
@@ -41,6 +45,9 @@ def build_dataset(name: str, *, data_dir: str, manual_dir: Optional[str] = None,
                   verify_md5: bool = True) -> tfds.core.DatasetBuilder:
   """Prepares `name` (optionally `config`) into data_dir and returns its builder.
 
+  A downloading builder takes its archive from `manual_dir` when it is there (checked against
+  the recorded checksum); when it must download and the host does not answer within seconds,
+  FileNotFoundError names the files to fetch (downloads.require_network).
   After this, `tfds.load(name, data_dir=data_dir, download=False)` reads it. `expected`
   overrides the published split sizes (see OodBuilder in builder.py); `verify_md5` applies to
   the builders that check a published MD5 of their download (ninco, inaturalist_ood).
@@ -64,6 +71,11 @@ def build_dataset(name: str, *, data_dir: str, manual_dir: Optional[str] = None,
     raise errors.UsageError(f"{name} has no config {config!r}; configs: "
                             f"{', '.join(cls.builder_configs) or 'none'}.")
   builder = cls(data_dir=data_dir, config=config, file_format=file_format, **kwargs)
+  if isinstance(builder, builder_lib.OodBuilder) and not builder.is_prepared():
+    # without network, one line naming the files to fetch instead of minutes of retries
+    downloads.require_network(
+        builder, builder.archives(), manual_dir=manual_dir,
+        download_dir=download_dir or os.path.join(str(builder.data_dir_root), "downloads"))
   download_config = tfds.download.DownloadConfig(
       manual_dir=manual_dir, register_checksums=register_checksums, try_download_gcs=False)
   builder.download_and_prepare(download_dir=download_dir, download_config=download_config)

@@ -82,3 +82,7 @@ class OodBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
           f"{self.name}: {len(found)} count(s) differ from the expected ones: "
           + " ".join(m for _, _, m in found)
           + f" For another release pass expected={{{kw}, ...}} (CLI: {flags}).")
+
+  def archives(self) -> list:
+    """The `downloads.Archive`s this builder (config) downloads; [] for manual-only builders."""
+    return []

@@ -4,7 +4,11 @@ A *set spec* is a dict naming where the images of one evaluation set come from:
 
   dict(source="digits", split="train" | "test", classes=[0, 1, ...])   # sklearn's bundled digits
   dict(source="tfds", name="fi_imagenet_1k", split="ood", data_dir=None,
-       label_key="label", group_key="ood_class_id", per_class=None)
+       label_key="label", group_key="ood_class_id", per_class=None, drop_overlaps=None)
+
+`drop_overlaps`: the JSON report of `python -m tfds_fi_imagenet overlap`; the examples it
+lists for this set (duplicates of ImageNet-1k images, or of an earlier OOD set's) are left
+out and the rest renumbered (`dropped_overlaps(spec)` says which).
 
 Every example becomes ``{"image", "label", "group", "_id", "_mask"}``: `label` is the ID class
 (-1 where unknown or OOD), `group` an integer sub-class used for per-class (macro) metrics
@@ -138,6 +142,9 @@ def _tfds_source(spec: dict, process_index: int, process_count: int):
   read = dict(shuffle_files=False, decoders={image_key: tfds.decode.SkipDecoding()},
               read_config=tfds.ReadConfig(interleave_cycle_length=1))
   per_class = spec.get("per_class")
+  if per_class and spec.get("drop_overlaps"):
+    raise ValueError(f"{name}: per_class and drop_overlaps cannot be combined (per_class "
+                     "subsets the ID fit set, drop_overlaps cleans OOD sets).")
   if per_class:
     # The first `per_class` examples of each class in stored order (a fixed pseudo-random
     # sample), chosen on the whole split so that it is n per class in total, then shared
@@ -152,6 +159,21 @@ def _tfds_source(spec: dict, process_index: int, process_count: int):
     # what the split really holds (fewer classes or images than asked: those, never padding)
     total = int(sum(per_class_counts(spec)))
     counts = subsets.per_class_subset_counts(per_class, num_classes, process_count, total)
+    start = 0
+  elif spec.get("drop_overlaps"):
+    # the examples an overlap report drops (tfds_fi_imagenet.overlap) leave the set: ids are
+    # renumbered 0..n-1 over what is kept, each process keeps its part's remaining examples
+    parts = tfds.even_splits(split, n=process_count)
+    whole = [builder.info.splits[p].num_examples for p in parts]
+    keep = ~np.isin(_file_names(builder, split), list(_dropped(spec, builder)))
+    new_id = np.cumsum(keep) - 1
+    bounds = np.cumsum([0] + whole)
+    counts = [int(keep[bounds[p]:bounds[p + 1]].sum()) for p in range(process_count)]
+    first = int(bounds[process_index])
+    keep_t, new_id_t = tf.constant(keep), tf.constant(new_id, tf.int64)
+    ds = builder.as_dataset(split=parts[process_index], **read).enumerate()
+    ds = ds.filter(lambda i, ex: tf.gather(keep_t, i + first))
+    ds = ds.map(lambda i, ex: (tf.gather(new_id_t, i + first), ex))
     start = 0
   else:
     parts = tfds.even_splits(split, n=process_count)
@@ -170,6 +192,35 @@ def _tfds_source(spec: dict, process_index: int, process_count: int):
     }
   ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds, SetInfo(sum(counts), counts, num_classes)
+
+
+def _file_names(builder, split: str) -> np.ndarray:
+  """The `file_name` of every example of a split, in stored order."""
+  import tensorflow_datasets as tfds
+  if "file_name" not in builder.info.features:
+    raise ValueError(f"drop_overlaps needs a 'file_name' feature; {builder.name} has none.")
+  ds = builder.as_dataset(split=split, shuffle_files=False,
+                          decoders={k: tfds.decode.SkipDecoding()
+                                    for k in builder.info.features if k == "image"})
+  ds = ds.map(lambda ex: ex["file_name"])
+  return np.array([n.decode() for n in ds.as_numpy_iterator()], dtype=str)
+
+
+def _dropped(spec: dict, builder) -> list[str]:
+  from tfds_fi_imagenet import overlap  # the overlap report's reader (TFDS sets only)
+  return overlap.dropped_file_names(spec["drop_overlaps"],
+                                    overlap.set_key(builder, spec.get("split", "test")))
+
+
+def dropped_overlaps(spec: dict) -> Optional[dict]:
+  """What a tfds spec's `drop_overlaps` removes: {"report": path, "file_names": [...]} (the
+  names the report lists for this set, as results.json records them), or None without it."""
+  if spec.get("source") != "tfds" or not spec.get("drop_overlaps"):
+    return None
+  builder = _tfds_builder(spec)
+  if builder is None:
+    return None
+  return {"report": str(spec["drop_overlaps"]), "file_names": _dropped(spec, builder)}
 
 
 def per_class_counts(spec: dict) -> np.ndarray:

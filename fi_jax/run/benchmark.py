@@ -154,14 +154,17 @@ def _kept_sets(workdir: str) -> int:
 
 
 def report_extras(specs: dict[str, dict], sets: dict) -> dict:
-  """meta additions for the report: OOD class names of every OOD set with groups, and the ID
-  class each OOD class is most often predicted as (argmax of the logits)."""
+  """meta additions for the report: OOD class names of every OOD set with groups, the ID
+  class each OOD class is most often predicted as (argmax of the logits), and the examples a
+  set's `drop_overlaps` left out."""
   id_names = data.class_names(specs["id_test"])
-  names, predicted = {}, {}
+  names, predicted, dropped = {}, {}, {}
   for set_name, spec in specs.items():
     if not set_name.startswith("ood/"):
       continue
     ood = set_name[len("ood/"):]
+    if spec.get("drop_overlaps"):
+      dropped[ood] = data.dropped_overlaps(spec)
     groups = sets[set_name].get("group")
     if groups is None or not (np.asarray(groups) >= 0).any():
       continue
@@ -173,7 +176,10 @@ def report_extras(specs: dict[str, dict], sets: dict) -> dict:
     if cls is None or len(cls) != logits.shape[1]:
       cls = data.default_class_names(logits.shape[1])
     predicted[ood] = report.predicted_as(logits, groups, cls)
-  return {"group_names": names, "predicted_as": predicted}
+  extras = {"group_names": names, "predicted_as": predicted}
+  if dropped:   # what each set's drop_overlaps left out (the overlap report's file names)
+    extras["dropped_overlaps"] = dropped
+  return extras
 
 
 

@@ -103,6 +103,12 @@ def check_tfds_set(set_name: str, spec: Mapping) -> Optional[str]:
             "'train[:10%]' or 'train[:50000]' work too).")
   if not n:
     return f"{set_name}: split {split!r} of {name} in {where} is empty.\nRebuild it: {build}"
+  if spec.get("drop_overlaps"):   # the overlap report is readable and covers this set
+    from tfds_fi_imagenet import overlap
+    try:
+      overlap.dropped_file_names(str(spec["drop_overlaps"]), overlap.set_key(builder, split))
+    except (FileNotFoundError, ValueError) as e:
+      return f"{set_name}: {e}"
   return None
 
 

@@ -7,12 +7,13 @@ from typing import Iterator
 import tensorflow_datasets as tfds
 from etils import epath
 
-from tfds_fi_imagenet import archives, builder, images, ood_classes
+from tfds_fi_imagenet import archives, builder, downloads, images, mos, ood_classes
 
-URL = "https://zenodo.org/record/8013288/files/NINCO_all.tar.gz"
 # Published MD5 of NINCO_all.tar.gz (as used by the pytorch-ood NINCO loader); TFDS's
 # checksums.tsv needs a SHA-256 that is not published: record it with --register_checksums.
-MD5 = "b9ffae324363cd900a81ce3c367cd834"
+ARCHIVE = downloads.Archive(url="https://zenodo.org/record/8013288/files/NINCO_all.tar.gz",
+                            filename="NINCO_all.tar.gz", md5="b9ffae324363cd900a81ce3c367cd834")
+URL, MD5 = ARCHIVE.url, ARCHIVE.md5
 
 
 @dataclasses.dataclass
@@ -42,11 +43,15 @@ class Builder(builder.OodBuilder):
                   description="Cleaned subsamples of 11 popular OOD test sets."),
   ]
   DEFAULT_BUILDER_CONFIG_NAME = "ood_classes"
+  MANUAL_DOWNLOAD_INSTRUCTIONS = mos.manual_note(ARCHIVE)
 
   def __init__(self, *, verify_md5: bool = True, **kwargs):
     super().__init__(**kwargs)
     self._original_state["verify_md5"] = verify_md5
     self.verify_md5 = verify_md5
+
+  def archives(self) -> list[downloads.Archive]:
+    return [ARCHIVE]
 
   def default_expected(self) -> dict[str, int]:
     return {"test": self.builder_config.num_images,
@@ -62,9 +67,7 @@ class Builder(builder.OodBuilder):
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    archive = epath.Path(dl_manager.download(URL))
-    if self.verify_md5:
-      images.verify_md5(archive, MD5, "NINCO_all.tar.gz")
+    archive = downloads.fetch(self, dl_manager, ARCHIVE, verify_md5=self.verify_md5)
     extracted = epath.Path(dl_manager.extract(
         tfds.download.Resource(path=archive, extract_method=tfds.download.ExtractMethod.TAR_GZ)))
     folder = self.builder_config.folder

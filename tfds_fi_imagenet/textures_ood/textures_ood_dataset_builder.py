@@ -6,9 +6,12 @@ from typing import Iterator
 import tensorflow_datasets as tfds
 from etils import epath
 
-from tfds_fi_imagenet import archives, builder, images, ood_classes
+from tfds_fi_imagenet import archives, builder, downloads, images, mos, ood_classes
 
-URL = "https://www.robots.ox.ac.uk/~vgg/data/dtd/download/dtd-r1.0.1.tar.gz"
+# no published MD5: the SHA-256 TFDS registers for its `dtd` builder is in checksums.tsv
+ARCHIVE = downloads.Archive(url="https://www.robots.ox.ac.uk/~vgg/data/dtd/download/dtd-r1.0.1.tar.gz",
+                            filename="dtd-r1.0.1.tar.gz")
+URL = ARCHIVE.url
 # The four DTD classes that coincide with ImageNet-1k classes, left out by ViM/OpenOOD.
 EXCLUDED = ("bubbly", "cobwebbed", "honeycombed", "spiralled")
 NUM_IMAGES = 5160
@@ -26,6 +29,10 @@ class Builder(builder.OodBuilder):
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Initial release."}
+  MANUAL_DOWNLOAD_INSTRUCTIONS = mos.manual_note(ARCHIVE)
+
+  def archives(self) -> list[downloads.Archive]:
+    return [ARCHIVE]
 
   def default_expected(self) -> dict[str, int]:
     return {"test": NUM_IMAGES, "classes": NUM_CLASSES}
@@ -39,7 +46,9 @@ class Builder(builder.OodBuilder):
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    extracted = epath.Path(dl_manager.download_and_extract(URL))
+    archive = downloads.fetch(self, dl_manager, ARCHIVE)
+    extracted = epath.Path(dl_manager.extract(
+        tfds.download.Resource(path=archive, extract_method=tfds.download.ExtractMethod.TAR_GZ)))
     image_dir = archives.find_dir(extracted, "images")
     if image_dir is None:
       raise FileNotFoundError(f"textures_ood: no dtd/images/ folder in {extracted}; is it "

@@ -7,7 +7,8 @@ from tfds_fi_imagenet.textures_ood import textures_ood_dataset_builder
 class TexturesOodTest(tfds.testing.DatasetBuilderTestCase):
   DATASET_CLASS = textures_ood_dataset_builder.Builder
   SPLITS = {"test": 4}  # banded 2 + zigzagged 2; bubbly is left out
-  DL_EXTRACT_RESULT = "dtd-r1.0.1"
+  DL_DOWNLOAD_RESULT = "dtd-r1.0.1"   # fetch() downloads, then extracts
+  DL_EXTRACT_ONLY_RESULT = "dtd-r1.0.1"
 
   def _make_builder(self, config=None):
     return self.dataset_class(data_dir=self.tmp_dir, config=config, version=self.VERSION,
