@@ -70,3 +70,70 @@ def avg_pool_ceil(x: jax.Array, kernel: int = 2, stride: int = 2) -> jax.Array:
 def global_avg_pool(x: jax.Array) -> jax.Array:
   """[B, H, W, C] -> [B, C] mean in float32 (the classifier input)."""
   return jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+
+
+class DepthwiseConv(nn.Module):
+  """A depthwise convolution (`nn.Conv(C, k, feature_group_count=C)`, the same params:
+  `kernel` [kh, kw, 1, C], `bias` [C]) that XLA:CPU runs fast.
+
+  XLA:CPU lowers a grouped convolution with one channel per group to a slow generic loop
+  (ConvNeXt-T's 7x7 depthwise convolutions ran ~5x slower than torch's kernel and made the
+  model 0.5x torch); on the CPU this module computes the same sum as kh * kw shifted slices
+  of the padded input times the per-channel weights, which XLA fuses into one vectorised
+  loop. The products are accumulated in float32 in (row, column) order, so results differ
+  from the convolution's in the last bits. Other backends use the convolution.
+  `padding`: ((top, bottom), (left, right)) or "SAME" (TensorFlow's split)."""
+  kernel_size: tuple[int, int]
+  strides: tuple[int, int] = (1, 1)
+  padding: Any = ((0, 0), (0, 0))
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  precision: Any = HIGHEST
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    c = x.shape[-1]
+    kh, kw = self.kernel_size
+    kernel = self.param("kernel", nn.initializers.lecun_normal(), (kh, kw, 1, c),
+                        self.param_dtype)
+    bias = self.param("bias", nn.initializers.zeros, (c,), self.param_dtype) \
+        if self.use_bias else None
+    pads = _pads(x.shape[1:3], self.kernel_size, self.strides, self.padding)
+    if jax.default_backend() != "cpu":
+      y = jax.lax.conv_general_dilated(
+          x.astype(self.dtype), kernel.astype(self.dtype), self.strides, pads,
+          dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=c,
+          precision=self.precision)
+    else:
+      y = shifted_depthwise(x, kernel, self.strides, pads)
+    if bias is not None:
+      y = y + bias.astype(jnp.float32)
+    return y.astype(self.dtype)
+
+
+def _pads(hw, kernel, strides, padding) -> tuple[tuple[int, int], tuple[int, int]]:
+  if padding != "SAME":
+    return tuple(tuple(int(v) for v in p) for p in padding)
+  out = []
+  for n, k, s in zip(hw, kernel, strides):
+    total = max((-(-n // s) - 1) * s + k - n, 0)
+    out.append((total // 2, total - total // 2))
+  return tuple(out)
+
+
+def shifted_depthwise(x: jax.Array, kernel: jax.Array, strides, pads) -> jax.Array:
+  """sum_ij pad(x)[:, i::s, j::s, :] * kernel[i, j, 0, :] in float32 (see DepthwiseConv)."""
+  (pt, pb), (pl, pr) = pads
+  sh, sw = strides
+  kh, kw = kernel.shape[:2]
+  p = jnp.pad(x.astype(jnp.float32), ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+  oh = (p.shape[1] - kh) // sh + 1
+  ow = (p.shape[2] - kw) // sw + 1
+  k = kernel.astype(jnp.float32)
+  out = None
+  for i in range(kh):
+    for j in range(kw):
+      t = p[:, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw, :] * k[i, j, 0]
+      out = t if out is None else out + t
+  return out

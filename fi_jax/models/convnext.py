@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from fi_jax.data import preprocess
+from fi_jax.models import _blocks
 from fi_jax.models.convert import convnext as convert
 from fi_jax.models.convert import readers
 
@@ -91,8 +92,8 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    y = nn.Conv(self.dim, (7, 7), padding=3, feature_group_count=self.dim, dtype=self.dtype,
-                precision=self.precision, name="dwconv")(x)
+    y = _blocks.DepthwiseConv((7, 7), padding=((3, 3), (3, 3)), dtype=self.dtype,
+                              precision=self.precision, name="dwconv")(x)
     y = _layer_norm("norm", self.eps)(y).astype(self.dtype)
     y = nn.Dense(4 * self.dim, dtype=self.dtype, precision=self.precision, name="fc1")(y)
     y = nn.gelu(y, approximate=False)

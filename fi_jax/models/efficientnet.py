@@ -283,9 +283,13 @@ def conv_bn(x, features: int, kernel: int = 1, stride: int = 1, groups: int = 1,
   else:            # PyTorch: symmetric (k - 1) // 2
     p = (kernel - 1) // 2
     pad = ((p, p), (p, p))
-  x = nn.Conv(features, (kernel, kernel), (stride, stride), pad,
-              feature_group_count=x.shape[-1] if groups == -1 else groups, use_bias=False,
-              dtype=dtype, param_dtype=jnp.float32, precision=precision, name=conv_name)(x)
+  if groups == -1 and features == x.shape[-1]:   # depthwise: fast on XLA:CPU too
+    x = _blocks.DepthwiseConv((kernel, kernel), (stride, stride), pad, use_bias=False,
+                              dtype=dtype, precision=precision, name=conv_name)(x)
+  else:
+    x = nn.Conv(features, (kernel, kernel), (stride, stride), pad,
+                feature_group_count=x.shape[-1] if groups == -1 else groups, use_bias=False,
+                dtype=dtype, param_dtype=jnp.float32, precision=precision, name=conv_name)(x)
   x = _blocks.BatchNorm(bn_eps, name=bn_name)(x)
   return nn.silu(x) if act else x
 
