@@ -30,8 +30,8 @@ import numpy as np
 
 from fi_jax import detectors, pipeline, report
 from fi_jax.common import distributed
+from fi_jax.data import class_subsets, preprocess
 from fi_jax.data import loader as data
-from fi_jax.data import preprocess
 from fi_jax.data import specs as specs_lib
 from fi_jax.extract import cache
 from fi_jax.extract import own_features as features
@@ -56,9 +56,11 @@ Log = Callable[[str], None]
 
 def config_specs(config) -> dict[str, dict]:
   """`specs.set_specs` of `config.id_fit`, `config.id_test`, `config.ood` (in
-  `config.ood_order`)."""
+  `config.ood_order`) and `config.csid` (in `config.csid_order`)."""
   return specs_lib.set_specs(to_dict(config.id_fit), to_dict(config.id_test),
-                             to_dict(config.ood), tuple(config.get("ood_order") or ()))
+                             to_dict(config.ood), tuple(config.get("ood_order") or ()),
+                             csid=to_dict(config.get("csid") or {}),
+                             csid_order=tuple(config.get("csid_order") or ()))
 
 
 def set_path(config, workdir: str, name: str, spec: dict, columns) -> str:
@@ -384,10 +386,34 @@ def _results(config, workdir: str, log: Log, dets: dict, specs: dict, sets: dict
       "detector_errors": errors, "nonfinite_dropped": dropped, **model_meta,
   }
   results = schema.make(meta, pipeline.id_accuracy(sets["id_test"]), rows,
-                        [{"detector": n, "failed": errors[n]} for n in dets if n in errors])
+                        [{"detector": n, "failed": errors[n]} for n in dets if n in errors],
+                        full_spectrum(config, specs, sets, scores))
   if jax.process_index() == 0:
     results["meta"].update(report_extras(specs, sets))
   return results
+
+
+def full_spectrum(config, specs: dict, sets: dict, scores: dict) -> Optional[dict]:
+  """The results' `full_spectrum` part (schema.FullSpectrum) when the config has
+  covariate-shifted ID sets (`config.csid`), else None: the FS metric rows
+  (`pipeline.full_spectrum_rows`), the top-1 accuracy pooled over the ID test set and every
+  shifted set (OpenOOD's csid_acc) and each shifted set's own accuracy (over its
+  `class_subset`, e.g. ImageNet-R's 200 classes, where its spec names one)."""
+  csid = [s for s in specs if specs_lib.is_csid(s)]
+  if not csid:
+    return None
+  id_name = config.get("id_name", "id")
+  id_set = " + ".join([id_name] + [specs_lib.csid_name(s) for s in csid])
+  rows = pipeline.full_spectrum_rows(scores, sets, csid, model=model_label(config),
+                                     id_set=id_set, **metric_kwargs(config))
+  accuracy = {}
+  for s in csid:
+    subset = specs[s].get("class_subset")
+    accuracy[specs_lib.csid_name(s)] = pipeline.id_accuracy(
+        sets[s], None if subset is None else class_subsets.subset_indices(subset))
+  return {"id_set": id_set, "csid_sets": [specs_lib.csid_name(s) for s in csid],
+          "accuracy": pipeline.pooled_accuracy([sets["id_test"]] + [sets[s] for s in csid]),
+          "csid_accuracy": accuracy, "rows": rows}
 
 
 def _publish_scores_alone(stage, hists, error: BaseException, workdir: str, log: Log) -> None:
