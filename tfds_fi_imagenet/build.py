@@ -19,6 +19,7 @@ DATASETS = {
     "inaturalist_ood": False,
     "openimage_o": True,
     "textures_ood": False,
+    "reimagenet_noclass": True,   # val tar + the user's ReImageNet reannotation.jsonl
     "imagenet2012": True,   # train split only, from ILSVRC2012_img_train.tar (imagenet2012_train.py)
 }
 
