@@ -86,6 +86,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.ood_order = ()                # OOD set names in report order (ConfigDict sorts c.ood's keys)
   c.csid = ml_collections.ConfigDict()   # covariate-shifted ID sets: full-spectrum rows (docs/metrics.md)
   c.csid_order = ()               # their order (the FS ID side: id_test, then these)
+  # multi-label ID ground truth of an ImageNet-val ID test set (docs/metrics.md#multi-label-id-accuracy):
+  # reimagenet = path of the user's ReImageNet reannotation.jsonl, real = TFDS imagenet2012_real,
+  # drop_ambiguous = drop the ID test images ReImageNet marks ambiguous
+  c.id_labels = ml_collections.ConfigDict(dict(reimagenet="", label_field="", ambiguous_field="",
+                                               real=False, drop_ambiguous=False))
   c.detectors = tuple(LOGIT_DETECTORS)   # a tuple, so --config.detectors="('msp',)" works
   c.detector_preset = "ninco"     # 'ninco' | 'openood' | '' (paper defaults)
   c.detector_hparams = ml_collections.ConfigDict()

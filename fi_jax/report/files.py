@@ -139,7 +139,9 @@ def write(results: Mapping, workdir: str) -> None:
   md = tables.table(results)
   per_class = tables.per_class_tables(results)
   fs = results.get("full_spectrum")
-  fs_md = tables.table({**results, "rows": fs["rows"], "id_accuracy": fs.get("accuracy")}) if fs else ""
+  fs_meta = {k: v for k, v in meta.items() if k != "id_label_accuracy"}   # ID test set only
+  fs_md = tables.table({**results, "meta": fs_meta, "rows": fs["rows"],
+                        "id_accuracy": fs.get("accuracy")}) if fs else ""
   results = {**results, "failed": failures(results),
              "rows": [_int_counts({k: v for k, v in r.items() if k != "per_class"})
                       for r in results["rows"]]}

@@ -83,6 +83,8 @@ class Meta(TypedDict, total=False):
   group_names: dict        # {OOD set: [class name per group id]}
   predicted_as: dict       # {OOD set: {group id: {class, class_id, share}}}
   plot_error: str
+  id_label_accuracy: dict  # {"reimagenet" | "real": {accuracy, n}} (config.id_labels)
+  reannotation_dropped: int  # ID test images dropped as ReImageNet-ambiguous
 
 
 class FullSpectrum(TypedDict):
@@ -157,7 +159,7 @@ def jsonable(x: Any) -> Any:
 # the types `load` accepts for what the tables and `compare` read (absent or null is fine)
 _META_TYPES = {"config": dict, "ood_sets": list, "model_label": str, "model_name": str,
                "run_id": str, "set_sizes": dict, "detector_errors": dict, "group_names": dict,
-               "predicted_as": dict}
+               "predicted_as": dict, "id_label_accuracy": dict}
 _CONFIG_TYPES = {"id_test": dict, "ood": dict, "metrics": dict, "report": dict,
                  "detectors": list, "model_label": str, "id_name": str}
 

@@ -30,11 +30,12 @@ import numpy as np
 
 from fi_jax import detectors, pipeline, report
 from fi_jax.common import distributed
-from fi_jax.data import class_subsets, preprocess
+from fi_jax.data import class_subsets, id_labels, preprocess
 from fi_jax.data import loader as data
 from fi_jax.data import specs as specs_lib
 from fi_jax.extract import cache
 from fi_jax.extract import own_features as features
+from fi_jax.metrics import multilabel
 from fi_jax.report import schema
 from fi_jax.run import compile_ahead as ahead_lib
 from fi_jax.run import jax_cache, preflight, validate, workdirs
@@ -295,6 +296,7 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
   report as it was. The per-example scores are written first: if the metrics then fail, they
   are published alone (marked incomplete) before the error is raised."""
   sets, dropped = pipeline.drop_nonfinite(sets, config.get("nonfinite", "error"), log)
+  sets, id_label_meta = reannotated_id(config, specs, sets, log)
   run_id = report.new_run_id()
   rcfg = to_dict(config.get("report", {}))
   stage = report.StagedReport(workdir, run_id) if jax.process_index() == 0 else None
@@ -322,6 +324,7 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
     try:
       results = _results(config, workdir, log, dets, specs, sets, scores, errors, dropped,
                          model_meta, random_init, timings, run_id)
+      results["meta"].update(id_label_meta)
     except BaseException as e:
       if stage is not None:
         _publish_scores_alone(stage, hists, e, workdir, log)
@@ -391,6 +394,49 @@ def _results(config, workdir: str, log: Log, dets: dict, specs: dict, sets: dict
   if jax.process_index() == 0:
     results["meta"].update(report_extras(specs, sets))
   return results
+
+
+def reannotated_id(config, specs: dict, sets: dict, log: Log) -> tuple[dict, dict]:
+  """`config.id_labels` on the ID test set: with `drop_ambiguous` the rows ReImageNet marks
+  ambiguous are dropped (before the detectors; `_id` keeps the examples' numbering), then the
+  multi-label accuracy against ReImageNet's label sets (`reimagenet`: the path of the user's
+  reannotation.jsonl) and against ReaL (`real`: TFDS imagenet2012_real in the ID test set's
+  data_dir). Returns (sets, meta additions): `id_label_accuracy` {source: {accuracy, n}} and
+  `reannotation_dropped` (rows dropped)."""
+  cfg = to_dict(config.get("id_labels") or {})
+  path, use_real, drop = cfg.get("reimagenet", ""), cfg.get("real", False), cfg.get("drop_ambiguous", False)
+  if drop and not path:
+    raise ValueError("config.id_labels.drop_ambiguous needs config.id_labels.reimagenet (the "
+                     "path of ReImageNet's reannotation.jsonl).")
+  if not (path or use_real):
+    return sets, {}
+  spec, arrays = specs["id_test"], sets["id_test"]
+  names = id_labels.rows_file_names(id_labels.set_file_names(spec), arrays)
+  meta: dict = {"id_label_accuracy": {}}
+  if path:
+    label_sets, ambiguous = id_labels.reimagenet(
+        path, names, label_field=cfg.get("label_field", ""),
+        ambiguous_field=cfg.get("ambiguous_field", ""))
+    if drop:
+      keep = ~ambiguous
+      ids = np.asarray(arrays.get("_id", np.arange(len(keep), dtype=np.int64)))
+      arrays = {k: np.asarray(v)[keep] for k, v in arrays.items()}
+      arrays["_id"] = ids[keep]
+      sets = {**sets, "id_test": arrays}
+      names = [n for n, k in zip(names, keep) if k]
+      label_sets = [s for s, k in zip(label_sets, keep) if k]
+      meta["reannotation_dropped"] = int((~keep).sum())
+      log(f"id_test: dropped {meta['reannotation_dropped']} image(s) ReImageNet marks ambiguous")
+    acc, n = multilabel.multilabel_accuracy(arrays["logits"], label_sets)
+    meta["id_label_accuracy"]["reimagenet"] = {"accuracy": acc, "n": n}
+  if use_real:
+    acc, n = multilabel.multilabel_accuracy(
+        arrays["logits"], id_labels.real(spec.get("data_dir"), names))
+    meta["id_label_accuracy"]["real"] = {"accuracy": acc, "n": n}
+  for source, v in meta["id_label_accuracy"].items():
+    log(f"ID accuracy ({source} labels): "
+        + ("-" if v["accuracy"] is None else f"{100 * v['accuracy']:.2f}%") + f" on {v['n']} images")
+  return sets, meta
 
 
 def full_spectrum(config, specs: dict, sets: dict, scores: dict) -> Optional[dict]:
