@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 from absl import logging
 
 from fi_jax import detectors
-from fi_jax.data import loader
+from fi_jax.data import id_labels, loader
 from fi_jax.models import _releases as releases
 from fi_jax.models.convert import readers
 
@@ -225,6 +225,8 @@ def check(config, specs: Optional[Mapping[str, Mapping]] = None) -> list[str]:
     specs = {"id_fit": _as_dict(config.id_fit), "id_test": _as_dict(config.id_test),
              **{f"ood/{k}": _as_dict(v) for k, v in _as_dict(config.ood).items()}}
   problems = check_sets(specs)
+  problems += id_labels.problems(_as_dict(_get(config, "id_labels", {}) or {}),
+                                 dict(specs.get("id_test", {})))
   uses_model = any(dict(s).get("source") != "features" for s in specs.values())
   if uses_model:
     problems += check_model(config) + check_detectors(config)

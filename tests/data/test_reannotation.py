@@ -147,3 +147,17 @@ def test_reimagenet_and_real_accuracy_and_dropping_ambiguous(tmp_path, monkeypat
   config.id_labels.reimagenet = ""
   with pytest.raises(ValueError, match="drop_ambiguous needs config.id_labels.reimagenet"):
     benchmark.reannotated_id(config, specs, {"id_test": arrays}, print)
+
+
+def test_preflight_finds_id_label_problems_before_any_extraction(tmp_path):
+  spec = dict(source="tfds", name="fi_imagenet_1k", split="id", data_dir=str(tmp_path))
+  bad = write(tmp_path / "bad.jsonl", ["{not json"])
+  found = id_labels.problems(dict(reimagenet=str(bad), real=True), spec)
+  assert len(found) == 2
+  assert "reimagenet: " in found[0] and "line 1: not JSON" in found[0]
+  assert "imagenet2012_real is not prepared" in found[1]
+  assert id_labels.problems(dict(drop_ambiguous=True), spec)[0].startswith(
+      "config.id_labels.drop_ambiguous needs")
+  assert "must be a whole tfds split" in id_labels.problems(
+      dict(reimagenet=str(bad)), dict(source="digits"))[0]
+  assert id_labels.problems({}, spec) == []
