@@ -83,3 +83,36 @@ def test_imagenet_configs_take_csid_sets():
   assert not vit.get_config().csid   # none by default: no FS rows
   with pytest.raises(ValueError, match="Unknown covariate-shifted ID set 'imagenet_x'"):
     vit.get_config("csid=imagenet_x")
+
+
+def test_a_run_on_feature_files_writes_standard_and_full_spectrum_rows(tmp_path):
+  """configs/features.py with csid=shift: one benchmark run, both kinds of rows, the FS rows
+  equal to pipeline.full_spectrum_rows on the run's own scores files."""
+  from configs import features
+  from fi_jax import pipeline
+  rng = np.random.default_rng(0)
+  feats = tmp_path / "feats"
+  feats.mkdir()
+  for name, n, shift, labelled in (("id_fit", 80, 1.0, True), ("id_test", 60, 1.0, True),
+                                   ("shift", 40, 0.4, True), ("far", 50, -0.5, False)):
+    x = rng.normal(shift, 1.0, (n, 6))
+    np.savez(feats / f"{name}.npz", features=x, logits=x[:, :4] * 2,
+             label=rng.integers(0, 4, n) if labelled else -np.ones(n, np.int64))
+  c = features.get_config(f"dir={feats},csid=shift,id_name=val")
+  c.detectors = ("msp", "energy")
+  c.report.plots = False
+  c.compilation_cache_dir = ""
+  assert list(c.ood) == ["far"] and list(c.csid) == ["shift"]
+  res = benchmark.run(c, str(tmp_path / "wd"), log=lambda m: None)
+  assert [(r["detector"], r["id_set"]) for r in res["rows"]] == [("msp", "val"), ("energy", "val")]
+  fs = res["full_spectrum"]
+  assert [r["id_set"] for r in fs["rows"]] == ["val + shift"] * 2
+  assert fs["csid_sets"] == ["shift"] and set(fs["csid_accuracy"]) == {"shift"}
+  scores = {s: report.load_scores(str(tmp_path / "wd"), s) for s in ("id_test", "csid/shift", "ood/far")}
+  det_scores = {d: {s: scores[s][d] for s in scores} for d in ("msp", "energy")}
+  expect = pipeline.full_spectrum_rows(det_scores, {"ood/far": {}}, ["csid/shift"],
+                                       id_set="val + shift", model=fs["rows"][0]["model"])
+  for got, want in zip(fs["rows"], expect):
+    assert got["auroc"] == pytest.approx(want["auroc"], abs=1e-12)
+    assert got["fpr95_ood_positive"] == pytest.approx(want["fpr95_ood_positive"], abs=1e-12)
+  assert schema.load(str(tmp_path / "wd"))["full_spectrum"]["id_set"] == "val + shift"
