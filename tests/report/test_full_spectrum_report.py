@@ -116,3 +116,16 @@ def test_a_run_on_feature_files_writes_standard_and_full_spectrum_rows(tmp_path)
     assert got["auroc"] == pytest.approx(want["auroc"], abs=1e-12)
     assert got["fpr95_ood_positive"] == pytest.approx(want["fpr95_ood_positive"], abs=1e-12)
   assert schema.load(str(tmp_path / "wd"))["full_spectrum"]["id_set"] == "val + shift"
+
+
+def test_validate_names_a_bad_class_subset(tmp_path):
+  from fi_jax.run import validate
+  c = vit.get_config("csid=imagenet_r")
+  c.csid.imagenet_r.class_subset = "imagenet_z"
+  with pytest.raises(ValueError, match=r"config.csid.imagenet_r.class_subset 'imagenet_z' is "
+                                       r"unknown; known: \['imagenet_a', 'imagenet_r'\]"):
+    validate.validate_config(c, str(tmp_path))
+  c.csid.imagenet_r = ml_collections.ConfigDict(dict(c.csid.imagenet_r, class_subset=[3, 3]))
+  with pytest.raises(ValueError, match="config.csid.imagenet_r.class_subset: class_subset must "
+                                       "be distinct"):
+    validate.validate_config(c, str(tmp_path))
