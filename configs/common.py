@@ -116,7 +116,7 @@ OOD_SETS = ("fi_imagenet_1k", "ninco", "ssb_hard", "inaturalist_ood", "openimage
             "textures_ood")
 
 # The covariate-shifted ID sets (full-spectrum evaluation, docs/data.md#id-shift-sets) as TFDS's
-# own builders name them: {name in the report: (TFDS name[/config], split, class_subset)}. Also
+# own builders name them (ImageNet-ES: tfds_fi_imagenet's, TFDS has none): {name in the report: (TFDS name[/config], split, class_subset)}. Also
 # `imagenet_c_<corruption>_<severity>` (TFDS imagenet2012_corrupted, e.g. imagenet_c_fog_3).
 CSID_SETS = {
     "imagenet_v2": ("imagenet_v2/matched-frequency", "test", None),
@@ -125,6 +125,8 @@ CSID_SETS = {
     "imagenet_r": ("imagenet_r", "test", "imagenet_r"),
     "imagenet_a": ("imagenet_a", "test", "imagenet_a"),
     "imagenet_sketch": ("imagenet_sketch", "test", None),
+    "imagenet_es": ("imagenet_es/param_control", "test", None),   # tfds_fi_imagenet's builder
+    "imagenet_es_auto": ("imagenet_es/auto_exposure", "test", None),
 }
 
 
