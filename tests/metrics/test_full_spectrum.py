@@ -32,6 +32,7 @@ def openood_csid_acc(pred_label_pairs):
   return correct / sum(len(y) for _, y in pred_label_pairs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ties", [False, True])
 def test_full_spectrum_rows_equal_openood(ties):
   rng = np.random.default_rng(3)
