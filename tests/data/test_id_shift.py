@@ -65,3 +65,11 @@ def test_an_altered_archive_fails_the_recorded_checksum(tmp_path):
                                        "published file"):
     id_shift.prepare(V2, data_dir=str(tmp_path / "d"), manual_dir=str(tmp_path / "manual"),
                      download_dir=str(tmp_path / "dl"))
+
+
+def test_preflight_names_the_offline_route_of_an_unprepared_id_shift_set(tmp_path):
+  from fi_jax.run import preflight
+  spec = dict(source="tfds", name=V2, split="test", data_dir=str(tmp_path))
+  msg = preflight.check_tfds_set("csid/imagenet_v2", spec)
+  assert f"python -m tfds_fi_imagenet.id_shift {V2} --manual_dir=DIR" in msg
+  assert "DIR holds imagenetv2-matched-frequency.tar.gz" in msg
