@@ -84,6 +84,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.id_test = ml_collections.ConfigDict()
   c.ood = ml_collections.ConfigDict()
   c.ood_order = ()                # OOD set names in report order (ConfigDict sorts c.ood's keys)
+  c.csid = ml_collections.ConfigDict()   # covariate-shifted ID sets: full-spectrum rows (docs/metrics.md)
+  c.csid_order = ()               # their order (the FS ID side: id_test, then these)
+  # multi-label ID ground truth of an ImageNet-val ID test set (docs/metrics.md#multi-label-id-accuracy):
+  # reimagenet = path of the user's ReImageNet reannotation.jsonl, real = TFDS imagenet2012_real,
+  # drop_ambiguous = drop the ID test images ReImageNet marks ambiguous
+  c.id_labels = ml_collections.ConfigDict(dict(reimagenet="", label_field="", ambiguous_field="",
+                                               real=False, drop_ambiguous=False))
   c.detectors = tuple(LOGIT_DETECTORS)   # a tuple, so --config.detectors="('msp',)" works
   c.detector_preset = "ninco"     # 'ninco' | 'openood' | '' (paper defaults)
   c.detector_hparams = ml_collections.ConfigDict()
@@ -108,13 +115,46 @@ def base_config() -> ml_collections.ConfigDict:
 OOD_SETS = ("fi_imagenet_1k", "ninco", "ssb_hard", "inaturalist_ood", "openimage_o",
             "textures_ood")
 
+# The covariate-shifted ID sets (full-spectrum evaluation, docs/data.md#id-shift-sets) as TFDS's
+# own builders name them (ImageNet-ES: tfds_fi_imagenet's, TFDS has none): {name in the report: (TFDS name[/config], split, class_subset)}. Also
+# `imagenet_c_<corruption>_<severity>` (TFDS imagenet2012_corrupted, e.g. imagenet_c_fog_3).
+CSID_SETS = {
+    "imagenet_v2": ("imagenet_v2/matched-frequency", "test", None),
+    "imagenet_v2_threshold": ("imagenet_v2/threshold-0.7", "test", None),
+    "imagenet_v2_top": ("imagenet_v2/topimages", "test", None),
+    "imagenet_r": ("imagenet_r", "test", "imagenet_r"),
+    "imagenet_a": ("imagenet_a", "test", "imagenet_a"),
+    "imagenet_sketch": ("imagenet_sketch", "test", None),
+    "imagenet_es": ("imagenet_es/param_control", "test", None),   # tfds_fi_imagenet's builder
+    "imagenet_es_auto": ("imagenet_es/auto_exposure", "test", None),
+}
+
+
+def csid_spec(name: str, data_dir: str = "") -> dict:
+  """The set spec of covariate-shifted ID set `name` (`CSID_SETS` or imagenet_c_<c>_<s>)."""
+  m = re.fullmatch(r"imagenet_c_([a-z_]+)_([1-5])", name)
+  if m:
+    tfds_name, split, subset = f"imagenet2012_corrupted/{m.group(1)}_{m.group(2)}", "validation", None
+  elif name in CSID_SETS:
+    tfds_name, split, subset = CSID_SETS[name]
+  else:
+    raise ValueError(f"Unknown covariate-shifted ID set {name!r}; known: {sorted(CSID_SETS)} "
+                     "and imagenet_c_<corruption>_<severity 1-5> (e.g. imagenet_c_fog_3).")
+  spec = dict(source="tfds", name=tfds_name, split=split, data_dir=data_dir, label_key="label")
+  if subset:
+    spec["class_subset"] = subset
+  return spec
+
+
 # The config args (`--config=configs/x.py:k=v,...`) every ImageNet benchmark config takes,
 # read by `imagenet_benchmark`: where the TFDS sets are, which OOD sets ('+'-separated), images
 # per class of the fit set (0 = all), the input-gradient detectors (ODIN, i-ODIN, AdaSCALE,
 # RankFeat) on/off, the layer detectors (mdsens, gram) on/off, the detector preset, the global
-# batch size, random_init (run without a checkpoint on purpose: random weights, said in the report).
+# batch size, random_init (run without a checkpoint on purpose: random weights, said in the report),
+# the covariate-shifted ID sets of the full-spectrum rows ('+'-separated `CSID_SETS` names; '' = none).
 IMAGENET_ARGS = dict(data_dir="", ood="+".join(OOD_SETS), fit_per_class=0, odin=False,
-                     layer_detectors=False, preset="ninco", batch_size=256, random_init=False)
+                     layer_detectors=False, preset="ninco", batch_size=256, random_init=False,
+                     csid="")
 
 
 def imagenet_sets(c: ml_collections.ConfigDict, *, data_dir: str = "", ood_sets=OOD_SETS,
@@ -147,6 +187,9 @@ def imagenet_benchmark(c: ml_collections.ConfigDict, arg) -> ml_collections.Conf
   c.batch_size = arg.batch_size
   imagenet_sets(c, data_dir=arg.data_dir, ood_sets=tuple(arg.ood.split("+")),
                 fit_per_class=arg.fit_per_class)
+  csid = tuple(filter(None, arg.csid.split("+")))
+  c.csid = ml_collections.ConfigDict({n: csid_spec(n, arg.data_dir) for n in csid})
+  c.csid_order = csid
   c.detectors = posthoc_detectors(arg.odin, c.get("model_name"), arg.layer_detectors)
   c.detector_preset = arg.preset
   c.random_init = arg.random_init

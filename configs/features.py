@@ -9,6 +9,8 @@
   dir/id_fit.npz      what the detectors fit on (e.g. ImageNet train, or a per-class subset)
   dir/id_test.npz     ID test images
   dir/<ood set>.npz   one per OOD set (all other entries, or those listed in `ood=a+b`)
+  dir/<shifted>.npz   covariate-shifted ID sets listed in `csid=a+b` (with ID labels): the
+                      full-spectrum rows (docs/metrics.md#full-spectrum)
   dir/head.npz        optional: the classifier's w [D, C] and b [C] (ViM, ReAct, ... need it)
 
 No model is built and nothing is extracted; see fi_jax/extract/own_features.py for the accepted layouts.
@@ -33,7 +35,8 @@ def _entry(folder: str, name: str) -> str:
 
 
 def get_config(arg=None):
-  arg = common.parse_arg(arg, dir="", ood="", label="features", id_name="id", preset="ninco")
+  arg = common.parse_arg(arg, dir="", ood="", label="features", id_name="id", preset="ninco",
+                         csid="")
   c = common.base_config()
   c.model_name = "features"
   c.model_label = arg.label
@@ -46,12 +49,15 @@ def get_config(arg=None):
                            os.path.join(folder, name + ".npz"))
   c.id_fit = ml_collections.ConfigDict(spec("id_fit"))
   c.id_test = ml_collections.ConfigDict(spec("id_test"))
+  csid = tuple(filter(None, arg.csid.split("+")))
   if arg.ood:
     names = arg.ood.split("+")
   elif folder and os.path.isdir(folder):
-    names = sorted({os.path.splitext(e)[0] for e in os.listdir(folder)} - set(_SETS))
+    names = sorted({os.path.splitext(e)[0] for e in os.listdir(folder)} - set(_SETS) - set(csid))
   else:
     names = []
+  c.csid = ml_collections.ConfigDict({n: spec(n) for n in csid})
+  c.csid_order = csid
   c.ood = ml_collections.ConfigDict({n: spec(n) for n in names})
   c.ood_order = tuple(names)
   return c

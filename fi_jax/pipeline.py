@@ -490,9 +490,59 @@ def metric_rows(scores: Mapping[str, Mapping[str, np.ndarray]], sets: Mapping[st
   return rows
 
 
-def id_accuracy(arrays: Mapping[str, np.ndarray]) -> Optional[float]:
-  """Top-1 accuracy of a set's logits; None when it has no ID labels."""
+def full_spectrum_rows(scores: Mapping[str, Mapping[str, np.ndarray]],
+                       sets: Mapping[str, Arrays], csid_sets: Sequence[str], *,
+                       id_set: str = "", **kw) -> list[dict]:
+  """OpenOOD v1.5's full-spectrum ("FS") rows: `metric_rows` with the ID side made of the ID
+  test set's scores followed by those of every covariate-shifted ID set in `csid_sets` (set
+  names "csid/<name>", in that order), against each OOD set; `id_set` names that union in the
+  rows. A detector without scores on one of them has no FS rows. `kw`: `metric_rows`'."""
+  if not csid_sets:
+    raise ValueError("full_spectrum_rows needs at least one covariate-shifted ID set.")
+  joined = {}
+  for det, per_set in scores.items():
+    if all(s in per_set for s in ("id_test", *csid_sets)):
+      joined[det] = {**{s: v for s, v in per_set.items() if s.startswith("ood/")},
+                     "id_test": np.concatenate([np.asarray(per_set[s])
+                                                for s in ("id_test", *csid_sets)])}
+  return metric_rows(joined, sets, id_set=id_set, **kw)
+
+
+def id_accuracy(arrays: Mapping[str, np.ndarray],
+                class_subset: Optional[np.ndarray] = None) -> Optional[float]:
+  """Top-1 accuracy of a set's logits; None when it has no ID labels.
+
+  With `class_subset` (ascending label indices, `fi_jax.data.class_subsets.subset_indices`:
+  ImageNet-R / -A's 200 classes) the argmax is taken over those classes' logits only, as the
+  sets' papers score a 1000-class model; a label outside the subset is a ValueError."""
   if "label" not in arrays or not (arrays["label"] >= 0).any():
     return None
-  return float(metrics.classification_accuracy(jnp.asarray(arrays["logits"]),
-                                               jnp.asarray(arrays["label"])))
+  logits, labels = np.asarray(arrays["logits"]), np.asarray(arrays["label"])
+  if class_subset is not None:
+    subset = np.asarray(class_subset, np.int64)
+    if subset.max() >= logits.shape[1]:
+      raise ValueError(f"class_subset holds label {int(subset.max())} but the logits have "
+                       f"{logits.shape[1]} classes.")
+    pos = np.clip(np.searchsorted(subset, labels), 0, len(subset) - 1)
+    inside = subset[pos] == labels
+    if not inside[labels >= 0].all():
+      bad = np.unique(labels[(labels >= 0) & ~inside])[:10].tolist()
+      raise ValueError(f"labels {bad} are not in the set's class_subset ({len(subset)} "
+                       "classes): the subset does not fit this set.")
+    logits, labels = logits[:, subset], np.where(labels >= 0, pos, -1)
+  return float(metrics.classification_accuracy(jnp.asarray(logits), jnp.asarray(labels)))
+
+
+def pooled_accuracy(sets: Sequence[Mapping[str, np.ndarray]]) -> Optional[float]:
+  """Top-1 accuracy (argmax over all classes) pooled over the labelled rows of several sets:
+  OpenOOD v1.5's `csid_acc` (ID test plus every covariate-shifted ID set); None without
+  labels."""
+  correct = total = 0
+  for arrays in sets:
+    labels = np.asarray(arrays.get("label", np.zeros(0, np.int64)))
+    keep = labels >= 0
+    if keep.any():
+      pred = np.argmax(np.asarray(arrays["logits"])[keep], axis=1)
+      correct += int((pred == labels[keep]).sum())
+      total += int(keep.sum())
+  return correct / total if total else None

@@ -23,6 +23,8 @@ DATASETS = {
     "imagenet_o": False,
     "sun_ood": False,
     "places_ood": False,
+    "reimagenet_noclass": True,   # val tar + the user's ReImageNet reannotation.jsonl
+    "imagenet_es": True,   # the authors' ImageNet-ES archive (TFDS has no builder for it)
     "imagenet2012": True,   # train split only, from ILSVRC2012_img_train.tar (imagenet2012_train.py)
 }
 

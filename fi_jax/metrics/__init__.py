@@ -1,6 +1,6 @@
 """Stage 5, metrics: the in-device OOD metrics with bootstrap CIs (`device`, one jitted program
 per set size), the numpy reference implementation the report's plots and tests use
-(`reference`), the paired bootstrap of two detectors on the same images (`paired`), and for
+(`reference`), multi-label (ReaL-style) accuracy (`multilabel`), the paired bootstrap of two detectors on the same images (`paired`), and for
 the leaderboard the hardness ratio of two OOD sets with its paired bootstrap (`hardness`) and
 the detectors' ranks with the Friedman test and Nemenyi CD (`ranking`).
 

@@ -4,8 +4,9 @@
                  detector, ID set, OOD set, in configured order) and `failed` (one
                  {"detector", "failed": reason} per detector that raised or gave non-finite
                  scores; such a detector has no rows)
-  results.csv    every field of every row
-  results.md     the table, sorted by `config.report.sort_by` on `config.report.sort_set`
+  results.csv    every field of every row (the full-spectrum rows too, told apart by id_set)
+  results.md     the table (and, with covariate-shifted ID sets, the full-spectrum table),
+                 sorted by `config.report.sort_by` on `config.report.sort_set`
                  (default: FPR@95 on fi_imagenet_1k, else the first OOD set), every configured
                  detector listed (failed ones with their reason), then per-class tables
   per_class/<ood set>/<detector>.csv   metrics of every OOD class against all ID images
@@ -137,12 +138,20 @@ def write(results: Mapping, workdir: str) -> None:
   write_per_class(results["rows"], workdir, meta.get("group_names"), meta.get("predicted_as"))
   md = tables.table(results)
   per_class = tables.per_class_tables(results)
+  fs = results.get("full_spectrum")
+  fs_meta = {k: v for k, v in meta.items() if k != "id_label_accuracy"}   # ID test set only
+  fs_md = tables.table({**results, "meta": fs_meta, "rows": fs["rows"],
+                        "id_accuracy": fs.get("accuracy")}) if fs else ""
   results = {**results, "failed": failures(results),
              "rows": [_int_counts({k: v for k, v in r.items() if k != "per_class"})
                       for r in results["rows"]]}
+  if fs:
+    results["full_spectrum"] = {**fs, "rows": [_int_counts({k: v for k, v in r.items()
+                                                            if k != "per_class"})
+                                               for r in fs["rows"]]}
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(schema.jsonable(results), f, indent=1)
-  rows = results["rows"]
+  rows = results["rows"] + (results["full_spectrum"]["rows"] if fs else [])
   fields = list(schema.KEY_COLUMNS)
   for r in rows:
     fields += [k for k in r if k not in fields]
@@ -165,6 +174,12 @@ def write(results: Mapping, workdir: str) -> None:
             "K-th largest ID score); FPR@95 (OOD+) is OpenOOD v1.5's. Brackets: bootstrap CI.\n")
     for fl in failures(results):
       f.write(f"\n- detector {fl['detector']} failed: {tables.cell(fl['failed'], 2000)}\n")
+    if fs:
+      f.write(f"\n## Full spectrum (OpenOOD v1.5 FS): ID = {fs['id_set']}\n\n"
+              "The covariate-shifted ID sets count as ID; ID accuracy above is pooled over "
+              "them. Accuracy of each: " + ", ".join(
+                  f"{k} {'-' if v is None else f'{100 * v:.2f}%'}"
+                  for k, v in fs.get("csid_accuracy", {}).items()) + ".\n\n" + fs_md + "\n")
     if per_class:
       f.write("\n" + per_class + "\n")
 

@@ -5,7 +5,8 @@
      "meta": Meta,                 # config, versions, set sizes, timings, model label, ...
      "id_accuracy": float | None,  # top-1 on the ID test set (None: no labels)
      "rows": [Row, ...],           # one per (model, detector, ID set, OOD set)
-     "failed": [Failure, ...]}     # one per detector that raised or gave non-finite scores
+     "failed": [Failure, ...],     # one per detector that raised or gave non-finite scores
+     "full_spectrum": FullSpectrum}   # only with covariate-shifted ID sets (config.csid)
 
 Metric values are fractions in [0, 1]; a missing or non-finite value is `null` in the file.
 A new metric is one function in fi_jax.metrics and one entry of `METRICS` here (its `_macro`
@@ -82,14 +83,27 @@ class Meta(TypedDict, total=False):
   group_names: dict        # {OOD set: [class name per group id]}
   predicted_as: dict       # {OOD set: {group id: {class, class_id, share}}}
   plot_error: str
+  id_label_accuracy: dict  # {"reimagenet" | "real": {accuracy, n}} (config.id_labels)
+  reannotation_dropped: int  # ID test images dropped as ReImageNet-ambiguous
 
 
-class Results(TypedDict):
+class FullSpectrum(TypedDict):
+  """OpenOOD v1.5's full-spectrum evaluation: the ID side is the ID test set plus the
+  covariate-shifted ID sets (docs/metrics.md#full-spectrum)."""
+  id_set: str              # the name of that union in `rows` ("<id_name> + <csid> + ...")
+  csid_sets: list          # the covariate-shifted ID sets, in order
+  accuracy: Optional[float]        # top-1 pooled over the union (OpenOOD's csid_acc)
+  csid_accuracy: dict      # {csid set: its own top-1, over its class_subset where it has one}
+  rows: list               # Rows as in `rows`, with id_set = `id_set`
+
+
+class Results(TypedDict, total=False):
   schema: int
   meta: Meta
   id_accuracy: Optional[float]
   rows: list
   failed: list
+  full_spectrum: FullSpectrum   # absent without covariate-shifted ID sets
 
 
 class ResultsError(ValueError):
@@ -118,12 +132,15 @@ def check_row(row: Mapping) -> None:
 
 
 def make(meta: Mapping, id_accuracy: Optional[float], rows: Sequence[Mapping],
-         failed: Sequence[Mapping]) -> Results:
-  """A run's results, every row checked against the schema."""
-  for r in rows:
+         failed: Sequence[Mapping], full_spectrum: Optional[Mapping] = None) -> Results:
+  """A run's results, every row (the full-spectrum ones too) checked against the schema."""
+  for r in list(rows) + list((full_spectrum or {}).get("rows", [])):
     check_row(r)
-  return {"schema": SCHEMA_VERSION, "meta": dict(meta), "id_accuracy": id_accuracy,
-          "rows": list(rows), "failed": [dict(f) for f in failed]}
+  out: Results = {"schema": SCHEMA_VERSION, "meta": dict(meta), "id_accuracy": id_accuracy,
+                  "rows": list(rows), "failed": [dict(f) for f in failed]}
+  if full_spectrum is not None:
+    out["full_spectrum"] = {**full_spectrum, "rows": list(full_spectrum.get("rows", []))}
+  return out
 
 
 def jsonable(x: Any) -> Any:
@@ -142,7 +159,7 @@ def jsonable(x: Any) -> Any:
 # the types `load` accepts for what the tables and `compare` read (absent or null is fine)
 _META_TYPES = {"config": dict, "ood_sets": list, "model_label": str, "model_name": str,
                "run_id": str, "set_sizes": dict, "detector_errors": dict, "group_names": dict,
-               "predicted_as": dict}
+               "predicted_as": dict, "id_label_accuracy": dict}
 _CONFIG_TYPES = {"id_test": dict, "ood": dict, "metrics": dict, "report": dict,
                  "detectors": list, "model_label": str, "id_name": str}
 
@@ -192,6 +209,10 @@ def _problems(res: Any) -> list[str]:
         what = "/".join(r[k] for k in KEY_COLUMNS)
         problems.append(f"row {i} ({what}): {bad} not numbers")
         break
+  fs = res.get("full_spectrum")
+  if fs is not None and (not isinstance(fs, dict) or not isinstance(fs.get("rows"), list)
+                         or not isinstance(fs.get("id_set"), str)):
+    problems.append("'full_spectrum' is not an object with an 'id_set' and a 'rows' list")
   failed = res.get("failed", [])
   if failed is not None and not isinstance(failed, list):
     problems.append("'failed' is not a list")

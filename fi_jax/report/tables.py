@@ -100,6 +100,10 @@ def table(results: Mapping) -> str:
       lines.append("| " + " | ".join(cells) + " |")
   acc = results.get("id_accuracy")
   intro = f"ID accuracy: {100 * acc:.2f}%\n\n" if acc is not None else ""
+  for source, v in (meta.get("id_label_accuracy") or {}).items():   # ReImageNet, ReaL
+    if isinstance(v, dict) and v.get("accuracy") is not None:
+      intro += (f"ID accuracy ({source} multi-label: argmax in the image's labels): "
+                f"{100 * v['accuracy']:.2f}% on {v.get('n')} images\n\n")
   return intro + "\n".join(lines)
 
 

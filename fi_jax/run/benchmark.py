@@ -30,11 +30,12 @@ import numpy as np
 
 from fi_jax import detectors, pipeline, report
 from fi_jax.common import distributed
+from fi_jax.data import class_subsets, id_labels, preprocess
 from fi_jax.data import loader as data
-from fi_jax.data import preprocess
 from fi_jax.data import specs as specs_lib
 from fi_jax.extract import cache
 from fi_jax.extract import own_features as features
+from fi_jax.metrics import multilabel
 from fi_jax.report import schema
 from fi_jax.run import compile_ahead as ahead_lib
 from fi_jax.run import jax_cache, preflight, validate, workdirs
@@ -56,9 +57,11 @@ Log = Callable[[str], None]
 
 def config_specs(config) -> dict[str, dict]:
   """`specs.set_specs` of `config.id_fit`, `config.id_test`, `config.ood` (in
-  `config.ood_order`)."""
+  `config.ood_order`) and `config.csid` (in `config.csid_order`)."""
   return specs_lib.set_specs(to_dict(config.id_fit), to_dict(config.id_test),
-                             to_dict(config.ood), tuple(config.get("ood_order") or ()))
+                             to_dict(config.ood), tuple(config.get("ood_order") or ()),
+                             csid=to_dict(config.get("csid") or {}),
+                             csid_order=tuple(config.get("csid_order") or ()))
 
 
 def set_path(config, workdir: str, name: str, spec: dict, columns) -> str:
@@ -299,6 +302,7 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
   report as it was. The per-example scores are written first: if the metrics then fail, they
   are published alone (marked incomplete) before the error is raised."""
   sets, dropped = pipeline.drop_nonfinite(sets, config.get("nonfinite", "error"), log)
+  sets, id_label_meta = reannotated_id(config, specs, sets, log)
   run_id = report.new_run_id()
   rcfg = to_dict(config.get("report", {}))
   stage = report.StagedReport(workdir, run_id) if jax.process_index() == 0 else None
@@ -326,6 +330,7 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
     try:
       results = _results(config, workdir, log, dets, specs, sets, scores, errors, dropped,
                          model_meta, random_init, timings, run_id)
+      results["meta"].update(id_label_meta)
     except BaseException as e:
       if stage is not None:
         _publish_scores_alone(stage, hists, e, workdir, log)
@@ -390,10 +395,77 @@ def _results(config, workdir: str, log: Log, dets: dict, specs: dict, sets: dict
       "detector_errors": errors, "nonfinite_dropped": dropped, **model_meta,
   }
   results = schema.make(meta, pipeline.id_accuracy(sets["id_test"]), rows,
-                        [{"detector": n, "failed": errors[n]} for n in dets if n in errors])
+                        [{"detector": n, "failed": errors[n]} for n in dets if n in errors],
+                        full_spectrum(config, specs, sets, scores))
   if jax.process_index() == 0:
     results["meta"].update(report_extras(specs, sets))
   return results
+
+
+def reannotated_id(config, specs: dict, sets: dict, log: Log) -> tuple[dict, dict]:
+  """`config.id_labels` on the ID test set: with `drop_ambiguous` the rows ReImageNet marks
+  ambiguous are dropped (before the detectors; `_id` keeps the examples' numbering), then the
+  multi-label accuracy against ReImageNet's label sets (`reimagenet`: the path of the user's
+  reannotation.jsonl) and against ReaL (`real`: TFDS imagenet2012_real in the ID test set's
+  data_dir). Returns (sets, meta additions): `id_label_accuracy` {source: {accuracy, n}} and
+  `reannotation_dropped` (rows dropped)."""
+  cfg = to_dict(config.get("id_labels") or {})
+  path, use_real, drop = cfg.get("reimagenet", ""), cfg.get("real", False), cfg.get("drop_ambiguous", False)
+  if drop and not path:
+    raise ValueError("config.id_labels.drop_ambiguous needs config.id_labels.reimagenet (the "
+                     "path of ReImageNet's reannotation.jsonl).")
+  if not (path or use_real):
+    return sets, {}
+  spec, arrays = specs["id_test"], sets["id_test"]
+  names = id_labels.rows_file_names(id_labels.set_file_names(spec), arrays)
+  meta: dict = {"id_label_accuracy": {}}
+  if path:
+    label_sets, ambiguous = id_labels.reimagenet(
+        path, names, label_field=cfg.get("label_field", ""),
+        ambiguous_field=cfg.get("ambiguous_field", ""))
+    if drop:
+      keep = ~ambiguous
+      ids = np.asarray(arrays.get("_id", np.arange(len(keep), dtype=np.int64)))
+      arrays = {k: np.asarray(v)[keep] for k, v in arrays.items()}
+      arrays["_id"] = ids[keep]
+      sets = {**sets, "id_test": arrays}
+      names = [n for n, k in zip(names, keep) if k]
+      label_sets = [s for s, k in zip(label_sets, keep) if k]
+      meta["reannotation_dropped"] = int((~keep).sum())
+      log(f"id_test: dropped {meta['reannotation_dropped']} image(s) ReImageNet marks ambiguous")
+    acc, n = multilabel.multilabel_accuracy(arrays["logits"], label_sets)
+    meta["id_label_accuracy"]["reimagenet"] = {"accuracy": acc, "n": n}
+  if use_real:
+    acc, n = multilabel.multilabel_accuracy(
+        arrays["logits"], id_labels.real(spec.get("data_dir"), names))
+    meta["id_label_accuracy"]["real"] = {"accuracy": acc, "n": n}
+  for source, v in meta["id_label_accuracy"].items():
+    log(f"ID accuracy ({source} labels): "
+        + ("-" if v["accuracy"] is None else f"{100 * v['accuracy']:.2f}%") + f" on {v['n']} images")
+  return sets, meta
+
+
+def full_spectrum(config, specs: dict, sets: dict, scores: dict) -> Optional[dict]:
+  """The results' `full_spectrum` part (schema.FullSpectrum) when the config has
+  covariate-shifted ID sets (`config.csid`), else None: the FS metric rows
+  (`pipeline.full_spectrum_rows`), the top-1 accuracy pooled over the ID test set and every
+  shifted set (OpenOOD's csid_acc) and each shifted set's own accuracy (over its
+  `class_subset`, e.g. ImageNet-R's 200 classes, where its spec names one)."""
+  csid = [s for s in specs if specs_lib.is_csid(s)]
+  if not csid:
+    return None
+  id_name = config.get("id_name", "id")
+  id_set = " + ".join([id_name] + [specs_lib.csid_name(s) for s in csid])
+  rows = pipeline.full_spectrum_rows(scores, sets, csid, model=model_label(config),
+                                     id_set=id_set, **metric_kwargs(config))
+  accuracy = {}
+  for s in csid:
+    subset = specs[s].get("class_subset")
+    accuracy[specs_lib.csid_name(s)] = pipeline.id_accuracy(
+        sets[s], None if subset is None else class_subsets.subset_indices(subset))
+  return {"id_set": id_set, "csid_sets": [specs_lib.csid_name(s) for s in csid],
+          "accuracy": pipeline.pooled_accuracy([sets["id_test"]] + [sets[s] for s in csid]),
+          "csid_accuracy": accuracy, "rows": rows}
 
 
 def _publish_scores_alone(stage, hists, error: BaseException, workdir: str, log: Log) -> None:

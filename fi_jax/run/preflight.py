@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 from absl import logging
 
 from fi_jax import detectors
-from fi_jax.data import loader
+from fi_jax.data import id_labels, loader
 from fi_jax.models import _releases as releases
 from fi_jax.models.convert import readers
 
@@ -72,6 +72,7 @@ def check_tfds_set(set_name: str, spec: Mapping) -> Optional[str]:
   import tensorflow_datasets as tfds
 
   import tfds_fi_imagenet
+  from tfds_fi_imagenet import id_shift
   name, split = spec.get("name"), spec.get("split", "test")
   data_dir = spec.get("data_dir") or None
   where = data_dir or "the TFDS default data_dir (~/tensorflow_datasets)"
@@ -81,6 +82,13 @@ def check_tfds_set(set_name: str, spec: Mapping) -> Optional[str]:
   base = name.split("/")[0].split(":")[0]
   if base == "imagenet2012":
     build = _IMAGENET_BUILD.format(data_dir=dd)
+  elif base in {k.split("/")[0] for k in id_shift.FILES}:   # TFDS's own ID-shift builders
+    try:
+      files = ", ".join(id_shift.files_of(name))
+    except ValueError as e:
+      files = str(e)
+    build = (f"python -m tfds_fi_imagenet.id_shift {name} --manual_dir=DIR --data_dir={dd}  "
+             f"(DIR holds {files})")
   elif base in tfds_fi_imagenet.DATASETS:
     manual = " --manual_dir=DIR" if tfds_fi_imagenet.DATASETS[base] else ""
     build = _BUILD.format(name=base, manual=manual, data_dir=dd)
@@ -231,6 +239,8 @@ def check(config, specs: Optional[Mapping[str, Mapping]] = None) -> list[str]:
     specs = {"id_fit": _as_dict(config.id_fit), "id_test": _as_dict(config.id_test),
              **{f"ood/{k}": _as_dict(v) for k, v in _as_dict(config.ood).items()}}
   problems = check_sets(specs)
+  problems += id_labels.problems(_as_dict(_get(config, "id_labels", {}) or {}),
+                                 dict(specs.get("id_test", {})))
   uses_model = any(dict(s).get("source") != "features" for s in specs.values())
   if uses_model:
     problems += check_model(config) + check_detectors(config)

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Optional
 import flax.linen as nn
 
 from fi_jax import detectors, pipeline
+from fi_jax.data import class_subsets
 from fi_jax.run import model as run_model
 
 NONFINITE_MODES = pipeline.NONFINITE_MODES
@@ -152,6 +153,7 @@ def _model(config) -> None:
   every set is read from feature files (no model)."""
   specs = [_get(config, "id_fit", {}), _get(config, "id_test", {})]
   specs += list((_get(config, "ood", {}) or {}).values())
+  specs += list((_get(config, "csid", {}) or {}).values())
   name = _get(config, "model_name", "")
   if not name or all(dict(s).get("source") == "features" for s in specs):
     return
@@ -164,6 +166,29 @@ def _model(config) -> None:
     raise ValueError(f"config.model does not build a {name} model: "
                      f"{' '.join(str(e).split())}") from None
   _architecture(model, "config.model")
+
+
+def _csid(csid) -> None:
+  """config.csid: {name: set spec} of covariate-shifted ID sets, each spec's `class_subset`
+  (if any) a known subset name or a list of label indices."""
+  if csid is None:
+    return
+  if not isinstance(csid, Mapping) and not hasattr(csid, "items"):
+    raise ValueError(f"config.csid must map set names to set specs, got {csid!r}.")
+  for name, spec in csid.items():
+    if not hasattr(spec, "get"):
+      raise ValueError(f"config.csid.{name} must be a set spec (a dict with a source), got "
+                       f"{spec!r}.")
+    subset = spec.get("class_subset")
+    if isinstance(subset, str):
+      if subset not in class_subsets.SUBSETS:
+        raise ValueError(f"config.csid.{name}.class_subset {subset!r} is unknown; known: "
+                         f"{sorted(class_subsets.SUBSETS)}, or a list of label indices.")
+    elif subset is not None:
+      try:
+        class_subsets.subset_indices(subset)
+      except (TypeError, ValueError) as e:
+        raise ValueError(f"config.csid.{name}.class_subset: {e}") from None
 
 
 def validate_config(config, workdir: str) -> None:
@@ -209,6 +234,7 @@ def validate_config(config, workdir: str) -> None:
   if ood is not None and not len(ood):
     raise ValueError("config.ood names no OOD set: a run needs at least one (configs/features.py: "
                      "one file per OOD set in dir, or ood=a+b; the ImageNet configs: ood=a+b).")
+  _csid(_get(config, "csid", None))
   hparams = _get(config, "detector_hparams", {})
   hparams = hparams.to_dict() if hasattr(hparams, "to_dict") else dict(hparams)
   detectors.build_suite(names, _get(config, "detector_preset") or None, hparams)

@@ -1,0 +1,131 @@
+"""The full-spectrum part of a run's results: config.csid -> set specs, FS rows next to the
+standard rows, pooled and per-set accuracy, results.json / .csv / .md, read back by
+`schema.load`."""
+import csv
+import os
+
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import common, vit
+from fi_jax import report
+from fi_jax.report import schema
+from fi_jax.run import benchmark
+
+
+def _arrays(rng, n, shift, labelled=True, classes=5):
+  logits = rng.normal(size=(n, classes))
+  labels = rng.integers(0, classes, n) if labelled else -np.ones(n, np.int64)
+  return {"logits": logits, "label": labels}
+
+
+def test_results_carry_full_spectrum_rows_and_accuracies(tmp_path):
+  config = common.base_config()
+  config.model_label = "m"
+  config.id_name = "val"
+  config.csid = ml_collections.ConfigDict({
+      "shift_b": dict(source="tfds", name="x"),
+      "shift_a": dict(source="tfds", name="y", class_subset=[1, 3])})
+  config.csid_order = ("shift_b", "shift_a")
+  config.ood = ml_collections.ConfigDict({"far": dict(source="tfds", name="z")})
+  specs = benchmark.config_specs(config)
+  assert list(specs)[-2:] == ["csid/shift_b", "csid/shift_a"]   # csid_order kept
+  rng = np.random.default_rng(0)
+  sets = {"id_test": _arrays(rng, 60, 0), "csid/shift_b": _arrays(rng, 40, 0),
+          "csid/shift_a": {"logits": rng.normal(size=(30, 5)),
+                           "label": rng.choice([1, 3], 30)},
+          "ood/far": _arrays(rng, 50, 0, labelled=False)}
+  scores = {"msp": {"id_test": rng.normal(1, 1, 60), "csid/shift_b": rng.normal(0.5, 1, 40),
+                    "csid/shift_a": rng.normal(0.2, 1, 30), "ood/far": rng.normal(0, 1, 50)}}
+  fs = benchmark.full_spectrum(config, specs, sets, scores)
+  assert fs["id_set"] == "val + shift_b + shift_a"
+  assert fs["csid_sets"] == ["shift_b", "shift_a"]
+  a = sets["csid/shift_a"]
+  sub = np.array([1, 3])
+  assert fs["csid_accuracy"]["shift_a"] == pytest.approx(
+      np.mean(sub[a["logits"][:, sub].argmax(1)] == a["label"]))
+  pooled = [sets[s] for s in ("id_test", "csid/shift_b", "csid/shift_a")]
+  assert fs["accuracy"] == pytest.approx(
+      sum((p["logits"].argmax(1) == p["label"]).sum() for p in pooled) / 130)
+  (row,) = fs["rows"]
+  assert row["n_id"] == 130 and row["ood_set"] == "far" and row["id_set"] == fs["id_set"]
+
+  standard = [{"model": "m", "detector": "msp", "id_set": "val", "ood_set": "far",
+               "auroc": 0.7, "fpr95": 0.6, "n_id": 60, "n_ood": 50}]
+  results = schema.make({"config": {}}, 0.5, standard, [], fs)
+  report.write(results, str(tmp_path))
+  back = schema.load(str(tmp_path))
+  assert back["rows"][0]["id_set"] == "val"
+  assert back["full_spectrum"]["rows"][0]["n_id"] == 130
+  with open(os.path.join(tmp_path, "results.csv")) as f:
+    assert [r["id_set"] for r in csv.DictReader(f)] == ["val", "val + shift_b + shift_a"]
+  md = open(os.path.join(tmp_path, "results.md")).read()
+  assert "Full spectrum (OpenOOD v1.5 FS): ID = val + shift_b + shift_a" in md
+  assert "shift_a " in md and "| val + shift_b + shift_a | far |" in md
+
+
+def test_full_spectrum_rows_pass_the_schema_check():
+  bad = {"id_set": "x", "csid_sets": [], "rows": [{"model": "m", "detector": "d",
+                                                   "id_set": "x", "ood_set": "o", "nope": 1}]}
+  with pytest.raises(ValueError, match="nope"):
+    schema.make({}, None, [], [], bad)
+
+
+def test_imagenet_configs_take_csid_sets():
+  c = vit.get_config("csid=imagenet_v2+imagenet_r+imagenet_c_fog_3,data_dir=/d")
+  assert c.csid_order == ("imagenet_v2", "imagenet_r", "imagenet_c_fog_3")
+  assert c.csid.imagenet_v2.name == "imagenet_v2/matched-frequency"
+  assert c.csid.imagenet_r.class_subset == "imagenet_r"
+  assert c.csid.imagenet_c_fog_3.name == "imagenet2012_corrupted/fog_3"
+  assert c.csid.imagenet_c_fog_3.split == "validation"
+  assert c.csid.imagenet_r.data_dir == "/d"
+  assert not vit.get_config().csid   # none by default: no FS rows
+  with pytest.raises(ValueError, match="Unknown covariate-shifted ID set 'imagenet_x'"):
+    vit.get_config("csid=imagenet_x")
+
+
+def test_a_run_on_feature_files_writes_standard_and_full_spectrum_rows(tmp_path):
+  """configs/features.py with csid=shift: one benchmark run, both kinds of rows, the FS rows
+  equal to pipeline.full_spectrum_rows on the run's own scores files."""
+  from configs import features
+  from fi_jax import pipeline
+  rng = np.random.default_rng(0)
+  feats = tmp_path / "feats"
+  feats.mkdir()
+  for name, n, shift, labelled in (("id_fit", 80, 1.0, True), ("id_test", 60, 1.0, True),
+                                   ("shift", 40, 0.4, True), ("far", 50, -0.5, False)):
+    x = rng.normal(shift, 1.0, (n, 6))
+    np.savez(feats / f"{name}.npz", features=x, logits=x[:, :4] * 2,
+             label=rng.integers(0, 4, n) if labelled else -np.ones(n, np.int64))
+  c = features.get_config(f"dir={feats},csid=shift,id_name=val")
+  c.detectors = ("msp", "energy")
+  c.report.plots = False
+  c.compilation_cache_dir = ""
+  assert list(c.ood) == ["far"] and list(c.csid) == ["shift"]
+  res = benchmark.run(c, str(tmp_path / "wd"), log=lambda m: None)
+  assert [(r["detector"], r["id_set"]) for r in res["rows"]] == [("msp", "val"), ("energy", "val")]
+  fs = res["full_spectrum"]
+  assert [r["id_set"] for r in fs["rows"]] == ["val + shift"] * 2
+  assert fs["csid_sets"] == ["shift"] and set(fs["csid_accuracy"]) == {"shift"}
+  scores = {s: report.load_scores(str(tmp_path / "wd"), s) for s in ("id_test", "csid/shift", "ood/far")}
+  det_scores = {d: {s: scores[s][d] for s in scores} for d in ("msp", "energy")}
+  expect = pipeline.full_spectrum_rows(det_scores, {"ood/far": {}}, ["csid/shift"],
+                                       id_set="val + shift", model=fs["rows"][0]["model"])
+  for got, want in zip(fs["rows"], expect):
+    assert got["auroc"] == pytest.approx(want["auroc"], abs=1e-12)
+    assert got["fpr95_ood_positive"] == pytest.approx(want["fpr95_ood_positive"], abs=1e-12)
+  assert schema.load(str(tmp_path / "wd"))["full_spectrum"]["id_set"] == "val + shift"
+
+
+def test_validate_names_a_bad_class_subset(tmp_path):
+  from fi_jax.run import validate
+  c = vit.get_config("csid=imagenet_r")
+  c.csid.imagenet_r.class_subset = "imagenet_z"
+  with pytest.raises(ValueError, match=r"config.csid.imagenet_r.class_subset 'imagenet_z' is "
+                                       r"unknown; known: \['imagenet_a', 'imagenet_r'\]"):
+    validate.validate_config(c, str(tmp_path))
+  c.csid.imagenet_r = ml_collections.ConfigDict(dict(c.csid.imagenet_r, class_subset=[3, 3]))
+  with pytest.raises(ValueError, match="config.csid.imagenet_r.class_subset: class_subset must "
+                                       "be distinct"):
+    validate.validate_config(c, str(tmp_path))
