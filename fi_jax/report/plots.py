@@ -168,7 +168,7 @@ def heatmap_figure(grid: np.ndarray, rows: Sequence[str], cols: Sequence[str], t
   codes = failure_codes([failed[k] for k in sorted(failed)])
   notes = [f"{FAILED_MARK}{c}: {r}" for r, c in codes.items()]
   if np.isnan(grid).any() and len(failed) < int(np.isnan(grid).sum()):
-    notes.append("–: no result (not run for this column)")
+    notes.append("–: no value (not evaluated, or not a finite number)")
   best_note = ("bold: the best value of each column" if n_r > 1 else "")
   width = max(5.5, left + ax_w + 1.3)
   title = "\n".join(_wrap(title.split("\n"), width - 0.3, 10))
@@ -187,10 +187,8 @@ def heatmap_figure(grid: np.ndarray, rows: Sequence[str], cols: Sequence[str], t
                 fontsize=lsize)
   ax.set_yticks(range(len(rows)), rows, fontsize=lsize)
   ax.tick_params(length=0)
-  ax.set_xticks(np.arange(-0.5, n_c, 1), minor=True)
-  ax.set_yticks(np.arange(-0.5, n_r, 1), minor=True)
-  ax.grid(which="minor", color="white", lw=0.6)
-  ax.tick_params(which="minor", length=0)
+  ax.hlines(np.arange(0.5, n_r - 1), -0.5, n_c - 0.5, color="white", lw=0.6)   # cell borders
+  ax.vlines(np.arange(0.5, n_c - 1), -0.5, n_r - 0.5, color="white", lw=0.6)
   for s in ax.spines.values():
     s.set_visible(False)
   finite = np.where(np.isfinite(grid), grid, np.nan)
@@ -387,6 +385,7 @@ def write_fpr95_per_set(out: str, prefix: str, runs: Sequence[tuple[str, Mapping
   which `order` describes in the heat maps' titles) x `runs` [(model name, results)]
   (columns): a heat map, bars with one model. `marks` {set: (detector, model)} boxes a cell.
   Returns the files."""
+  os.makedirs(out, exist_ok=True)
   written = []
   models = [m for m, _ in runs]
   for s in sets:
@@ -463,7 +462,8 @@ def write_plots(workdir: str, results: Mapping, scores: Mapping[str, Mapping[str
   for ood in sets:
     ranked = [d for d in ranked_detectors([r for r in results["rows"] if r["ood_set"] == ood],
                                           key, ood)
-              if f"ood/{ood}" in scores.get(d, {}) and "id_test" in scores.get(d, {})]
+              if all(k in scores.get(d, {}) and np.isfinite(scores[d][k]).all()
+                     for k in ("id_test", f"ood/{ood}"))]
     written.append(roc_figure(os.path.join(folder, f"roc_{_file_safe(ood)}.png"), scores,
                               ranked[:top], n_ranked=len(ranked), ood=ood, model=model,
                               id_set=id_set, key=key, tpr=tpr))
@@ -491,16 +491,24 @@ def roc_figure(path: str, scores: Mapping[str, Mapping[str, np.ndarray]],
                key: str = "fpr95", tpr: float = 0.95) -> str:
   """ROC curves on `ood` of `detectors` (the best of `n_ranked` by `key`), each with its
   operating point at TPR >= `tpr` (`operating_point`) marked, saved to `path`."""
+  return _save(roc_figure_of(scores, detectors, n_ranked=n_ranked, ood=ood, model=model,
+                             id_set=id_set, key=key, tpr=tpr), path)
+
+
+def roc_figure_of(scores: Mapping[str, Mapping[str, np.ndarray]], detectors: Sequence[str], *,
+                  n_ranked: int, ood: str, model: str, id_set: str, key: str = "fpr95",
+                  tpr: float = 0.95):
+  """The matplotlib figure of `roc_figure` (not saved; the caller closes it)."""
   plt = _plt()
   fig, ax = plt.subplots(figsize=(6.4, 6.4))
   for k, det in enumerate(detectors):
     a, b = scores[det]["id_test"], scores[det][f"ood/{ood}"]
     fpr, tp = roc_curve(a, b)
-    line, = ax.plot(fpr, tp, lw=1.4, color=f"C{k % 10}",
-                    label=f"{det}: AUROC {100 * auroc(a, b):.1f}, "
-                          f"FPR@{100 * tpr:g} {100 * operating_point(a, b, tpr)[0]:.1f}")
     x, y = operating_point(a, b, tpr)
-    ax.plot([x], [y], "o", ms=6, mfc=line.get_color(), mec="black", mew=0.8)
+    ax.plot(fpr, tp, lw=1.4, color=f"C{k % 10}",
+            label=f"{det}: AUROC {100 * auroc(a, b):.1f}, FPR@{100 * tpr:g} {100 * x:.1f}")
+    ax.plot([x], [y], "o", ms=6, color=f"C{k % 10}", mec="black", mew=0.8,
+            gid=f"operating_point:{det}")
   ax.axhline(tpr, ls=":", color="grey", lw=0.8)
   ax.text(1.0, tpr, f" TPR {100 * tpr:g}%", va="bottom", ha="right", fontsize=7, color="grey")
   ax.plot([0, 1], [0, 1], ":", color="grey", lw=0.8)
@@ -514,7 +522,7 @@ def roc_figure(path: str, scores: Mapping[str, Mapping[str, np.ndarray]],
             f"≥ {100 * tpr:g}%", title_fontsize=7)
   ax.grid(alpha=0.25)
   fig.tight_layout()
-  return _save(fig, path)
+  return fig
 
 
 # ----------------------------------------------------------------------------- histograms

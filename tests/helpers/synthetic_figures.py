@@ -10,6 +10,7 @@ writes into OUT (then open the PNGs):
   compare_45x2/        `report compare` of 2 runs: compare_fpr95_<set>.png (heat maps)
   compare_45x10/       `report compare` of 10 runs
   compare_45x1/        `report compare` of 1 run: compare_fpr95_<set>.png (bars)
+  leaderboard_45x10/   the leaderboard of a sweep of 10 runs: leaderboard_fpr95_<set>.png, ...
 and prints each figure's size in pixels. Nothing here is a measured number.
 """
 from __future__ import annotations
@@ -105,8 +106,18 @@ def pixel_size(path: str) -> tuple[int, int]:
   return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
+def write_sweep(root: str, n_models: int, sets: Sequence[str] = SETS) -> None:
+  """A sweep folder (fi_jax.report.sweep_state) of `n_models` synthetic finished runs."""
+  from fi_jax.report import sweep_state
+  write_runs(root, n_models, sets)
+  sweep_state.write_json(os.path.join(root, sweep_state.SWEEP_FILE), {
+      "name": "synthetic", "models": [{"label": MODELS[m % len(MODELS)], "dir": f"model{m}"}
+                                      for m in range(n_models)]})
+
+
 def main(out: str) -> None:
   from fi_jax import report
+  from fi_jax.report import leaderboard
   made = []
   for name, sets in (("run_1x1", SETS[:1]), ("run_1x3", SETS)):
     wd = os.path.join(out, name)
@@ -117,6 +128,10 @@ def main(out: str) -> None:
     made += [os.path.join(root, f) for f in sorted(os.listdir(root))
              if f.endswith(".png")] if report.compare(
         write_runs(os.path.join(root, "runs"), n), root, log=lambda s: None) else []
+  root = os.path.join(out, "leaderboard_45x10")
+  write_sweep(root, 10)
+  board = leaderboard.write(root, log=lambda s: None, n_bootstrap=0)
+  made += [os.path.join(root, f) for f in board["figures"]]
   for path in made:
     if not os.path.basename(path).startswith("hist_") or path.endswith(("hist_msp.png",
                                                                         "hist_vim.png")):
