@@ -141,7 +141,7 @@ def grid_layout(n_rows: int, n_cols: int) -> dict:
   map: cells narrow and fonts shrink as the grid grows so that its figure stays within about
   16 x 24 in (1600 x 2400 px), never below 5.5 pt; values lose their decimal when the cell is
   too narrow for "99.9"."""
-  col_w = float(np.clip(14.0 / max(1, n_cols), 0.42, 0.9))
+  col_w = float(np.clip(6.0 / max(1, n_cols), 0.42, 0.75))
   row_h = float(np.clip(18.0 / max(1, n_rows), 0.17, 0.26))
   size = float(np.clip(min(row_h * 72 * 0.55, col_w * 72 / (4 * 0.62)), 5.5, 8.0))
   decimals = 1 if _text_width("99.9", size) <= 0.9 * col_w else 0
@@ -567,9 +567,11 @@ def write_hist(folder: str, det: str, per_set: Mapping[str, np.ndarray],
                      (height - bottom - 0.6) / height])
   bins = np.linspace(lo, hi, HIST_BINS + 1)
   width_bin = bins[1] - bins[0]
+  peak = 0.0
   # one filled / outlined step path per set (ax.hist draws a patch per bar: ~10x slower)
   for k, (name, v, below, above) in enumerate(drawn):
     dens = np.histogram(v[(v >= lo) & (v <= hi)], bins)[0] / (len(v) * width_bin)
+    peak = max(peak, float(dens.max()))
     counts = f"n={len(v)}" + (f", {below + above} beyond the range" if below + above else "")
     if name == "id_test":
       ax.stairs(dens, bins, fill=True, alpha=0.45, color="C0",
@@ -578,12 +580,15 @@ def write_hist(folder: str, det: str, per_set: Mapping[str, np.ndarray],
       ax.stairs(dens, bins, color=f"C{k % 10}", lw=1.3,
                 label=f"OOD: {name[len('ood/'):]} ({counts})")
   ax.set_xlim(lo, hi)
+  ax_h = height - bottom - 0.6
+  legend_h = 0.15 + len(drawn) * _line_height(7.0)   # the legend sits above the highest bar
+  ax.set_ylim(0, (peak or 1.0) * 1.05 / max(0.3, 1 - legend_h / ax_h))
   ax.set_xlabel(f"{det} score (higher = more ID)", fontsize=8)
   ax.set_ylabel("density (of all the set's scores)", fontsize=8)
   ax.tick_params(labelsize=8)
   ax.set_title(f"{det} scores: ID vs OOD" + (f"\nmodel: {model}" if model else ""),
                fontsize=10)
-  ax.legend(fontsize=7)
+  ax.legend(fontsize=7, loc="upper right")
   _footnote(fig, foot, bottom - 0.4, height, width, FOOT_SIZE)
   return _save(fig, os.path.join(folder, f"hist_{_file_safe(det)}.png"))
 

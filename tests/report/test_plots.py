@@ -58,7 +58,7 @@ def test_cells_mark_failed_detectors_and_non_finite_values():
 
 
 @pytest.mark.parametrize("n_models, width_px, height_px", [(2, (500, 800), (1200, 1800)),
-                                                           (10, (900, 1500), (1200, 1800))])
+                                                           (10, (700, 1300), (1200, 1800))])
 def test_heat_map_of_45_detectors_is_legible(n_models, width_px, height_px):
   """Sizes from the grid, failed cells lettered and explained, short values; at 45 x 10 (the
   densest) the drawn cell texts and row labels do not overlap."""
