@@ -492,11 +492,11 @@ def figures(board: Mapping, out: str) -> list[str]:
     mark = (dets.index(best["detector"]), models.index(best["model"])) if best else None
     path = os.path.join(out, f"leaderboard_fpr95_{_safe(s)}.png")
     order = "mean rank" if ranked else "configured order"
-    written.append(plots.fpr95_figure(
-        grid, dets, models,
-        f"FPR@95 (%) on {s}: {len(dets)} detectors × {len(models)} models\n"
-        f"detectors by {order}" + ("; red box: the best pair" if len(models) > 1 else ""),
-        path, failed=cells, ci=ci, mark=mark))
+    title = (f"FPR@95 (%) on {s}: {len(dets)} detectors × {len(models)} models\n"
+             f"detectors by {order}; red box: the best pair" if len(models) > 1 else
+             f"FPR@95 on {s}\nmodel: {models[0]}; {len(dets)} detectors, best first")
+    written.append(plots.fpr95_figure(grid, dets, models, title, path, failed=cells, ci=ci,
+                                      mark=mark))
   # per-set minimum FPR@95 with the CI of the best pair
   sets = [s for s in board["ood_sets"] if board["per_set"][s].get("n_pairs")]
   fig, ax = plt.subplots(figsize=(2.5 + 1.3 * len(sets), 4.5))

@@ -138,9 +138,9 @@ def _line_height(size: float) -> float:
 
 def grid_layout(n_rows: int, n_cols: int) -> dict:
   """Cell width / height (inches), value font (pt) and decimals of an n_rows x n_cols heat
-  map: cells narrow and fonts shrink as the grid grows so that its figure stays within about
-  16 x 24 in (1600 x 2400 px), never below 5.5 pt; values lose their decimal when the cell is
-  too narrow for "99.9"."""
+  map: cells narrow (0.75 to 0.42 in) and rows shrink (0.26 to 0.17 in) as the grid grows,
+  the value font with them (8 to 5.5 pt); values lose their decimal when the cell is too
+  narrow for "99.9"."""
   col_w = float(np.clip(6.0 / max(1, n_cols), 0.42, 0.75))
   row_h = float(np.clip(18.0 / max(1, n_rows), 0.17, 0.26))
   size = float(np.clip(min(row_h * 72 * 0.55, col_w * 72 / (4 * 0.62)), 5.5, 8.0))
