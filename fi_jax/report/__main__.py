@@ -62,7 +62,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   c.add_argument("workdirs", nargs="+", metavar="WORKDIR",
                  help="workdirs of finished runs (each with its results.json)")
   c.add_argument("--out", default=".", type=_out_folder, metavar="DIR",
-                 help="the folder compare.md/.csv/.json/_fpr95.png go into (default: .)")
+                 help="the folder compare.md/.csv/.json/_fpr95_<set>.png go into (default: .)")
   c.add_argument("--pair", nargs=2, metavar="RUN:DET",
                  help=f"paired bootstrap test between two (run, detector) pairs: {PAIR_FORMS} "
                       "(a label shared by several runs must name the workdir)")

@@ -3,7 +3,8 @@
 
   python -m fi_jax.report compare WORKDIR... [--out DIR] [--pair RUN:DET RUN:DET]
 
-writes compare.md / compare.csv / compare.json / compare_fpr95.png.
+writes compare.md / compare.csv / compare.json and per OOD set compare_fpr95_<set>.png
+(`plots.write_compare_figures`).
 
 A run is its workdir (and the run id its report records), not its model label: two runs with
 the same label (the same checkpoint in float32 and bfloat16, say) are both shown, named
@@ -24,7 +25,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from fi_jax.metrics.paired import paired_bootstrap
-from fi_jax.report import schema
+from fi_jax.report import plots, schema
 from fi_jax.report.files import (
   SCORE_FILE_COLUMNS,
   ScoresError,
@@ -33,7 +34,6 @@ from fi_jax.report.files import (
   report_folder,
   scores_run_id,
 )
-from fi_jax.report.plots import heatmap
 from fi_jax.report.schema import failures, lower_is_better, ood_sets
 from fi_jax.report.tables import DEFAULT_SORT_BY, DEFAULT_SORT_SET, fmt
 
@@ -197,9 +197,9 @@ def _number(v: Any) -> Optional[float]:
 def compare(workdirs: Sequence[str], out: Optional[str] = None,
             pair: Optional[Sequence[str]] = None, *, n_bootstrap: int = 1000, seed: int = 0,
             log=print) -> dict:
-  """The table (run x detector x OOD set) and FPR@95 heat map of several runs; with
+  """The table (run x detector x OOD set) and FPR@95 figures of several runs; with
   `pair` = (RUN:DET, RUN:DET) (`PAIR_FORMS`) also the paired bootstrap on every common OOD set.
-  Writes compare.md, compare.csv, compare_fpr95.png (and compare.json) into `out`."""
+  Writes compare.md, compare.csv, compare.json and compare_fpr95_<set>.png into `out`."""
   if pair and (isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int)
                or n_bootstrap < 1):
     raise ValueError(f"n_bootstrap must be an integer >= 1, got {n_bootstrap!r}.")
@@ -280,12 +280,10 @@ def compare(workdirs: Sequence[str], out: Optional[str] = None,
     w.writerows(schema.jsonable(csv_rows))
   with open(os.path.join(out, "compare.json"), "w") as f:
     json.dump(schema.jsonable(result), f, indent=1)
-  grid = np.array([[np.nan if _number((by.get((*k, s)) or {}).get("fpr95")) is None
-                    else 100 * by[(*k, s)]["fpr95"] for s in sets] for k in keys], float)
-  heatmap(grid.reshape(len(keys), len(sets)), [f"{runs[i].name}:{d}" for i, d in keys], sets,
-          "FPR@95 (%)", os.path.join(out, "compare_fpr95.png"))
+  figures = plots.write_compare_figures(out, [(r.name, r.results) for r in runs], sets, where)
   log(text)
-  log(f"Wrote {os.path.join(out, 'compare.md')} (+ .csv, .json, compare_fpr95.png).")
+  log(f"Wrote {os.path.join(out, 'compare.md')} (+ .csv, .json, "
+      f"{', '.join(os.path.basename(f) for f in figures)}).")
   return result
 
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from fi_jax.metrics import hardness as hardness_lib
 from fi_jax.metrics import ranking
-from fi_jax.report import schema, sweep_state
+from fi_jax.report import plots, schema, sweep_state
 from fi_jax.report.files import load_scores
 
 DEFAULTS: dict[str, Any] = dict(hardness=("fi_imagenet_1k", "ninco"), detectors="best_third",
@@ -473,16 +473,30 @@ def figures(board: Mapping, out: str) -> list[str]:
   written = []
   ranked = [d["detector"] for d in board["ranking"]["detectors"]]
   dets = ranked + [d for d in board["detectors"] if d not in ranked]
-  value = {(p["model"], p["detector"], p["ood_set"]): p["fpr95"] for p in board["pairs"]}
+  pair = {(p["model"], p["detector"], p["ood_set"]): p for p in board["pairs"]}
   models = [e["model"] for e in done]
+  failed = {(e["model"], d) for e in done for d in e.get("failed_detectors") or ()}
   for s in board["ood_sets"]:
-    grid = np.array([[np.nan if value.get((m, d, s)) is None else 100 * value[(m, d, s)]
-                      for m in models] for d in dets], float).reshape(len(dets), len(models))
+    grid = np.full((len(dets), len(models)), np.nan)
+    cells, ci = {}, {}
+    for i, d in enumerate(dets):
+      for j, m in enumerate(models):
+        p = pair.get((m, d, s))
+        if p is not None and p.get("fpr95") is not None:
+          grid[i, j] = 100 * p["fpr95"]
+          if p.get("fpr95_ci_low") is not None and p.get("fpr95_ci_high") is not None:
+            ci[(i, j)] = (100 * p["fpr95_ci_low"], 100 * p["fpr95_ci_high"])
+        elif (m, d) in failed:
+          cells[(i, j)] = "the detector failed in this model's run (its results.md says why)"
     best = board["per_set"][s].get("best_fpr95")
     mark = (dets.index(best["detector"]), models.index(best["model"])) if best else None
     path = os.path.join(out, f"leaderboard_fpr95_{_safe(s)}.png")
-    written.append(heatmap(grid, dets, models, f"FPR@95 (%) on {s}: detectors x models",
-                           path, mark=mark))
+    order = "mean rank" if ranked else "configured order"
+    title = (f"FPR@95 (%) on {s}: {len(dets)} detectors × {len(models)} models\n"
+             f"detectors by {order}; red box: the best pair" if len(models) > 1 else
+             f"FPR@95 on {s}\nmodel: {models[0]}; {len(dets)} detectors, best first")
+    written.append(plots.fpr95_figure(grid, dets, models, title, path, failed=cells, ci=ci,
+                                      mark=mark))
   # per-set minimum FPR@95 with the CI of the best pair
   sets = [s for s in board["ood_sets"] if board["per_set"][s].get("n_pairs")]
   fig, ax = plt.subplots(figsize=(2.5 + 1.3 * len(sets), 4.5))
@@ -520,38 +534,6 @@ def figures(board: Mapping, out: str) -> list[str]:
   ax.grid(alpha=0.3)
   written.append(_save(fig, os.path.join(out, "leaderboard_accuracy_vs_fpr95.png")))
   return written
-
-
-def heatmap(grid: np.ndarray, rows: Sequence[str], cols: Sequence[str], title: str, path: str,
-            mark: Optional[tuple[int, int]] = None) -> str:
-  """An annotated heat map (rows x cols, values in percent, lower = lighter), sized from the
-  counts and label lengths so that 40 rows x 20 columns stay readable at 100 dpi: 0.62 in per
-  column, 0.3 in per row, 7 pt values; missing cells grey; `mark` = (row, col) boxed."""
-  plt = _pyplot()
-  n_r, n_c = max(1, len(rows)), max(1, len(cols))
-  left = 0.3 + 0.075 * max([len(r) for r in rows] + [4])      # inches for the row labels
-  bottom = 0.3 + 0.055 * max([len(c) for c in cols] + [4])    # for the 45-degree labels
-  width = left + 0.62 * n_c + 1.4
-  height = bottom + 0.3 * n_r + 0.8
-  fig, ax = plt.subplots(figsize=(width, height))
-  cmap = plt.get_cmap("viridis_r").with_extremes(bad="#d9d9d9")
-  im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=100, aspect="auto")
-  ax.set_xticks(range(len(cols)), cols, rotation=45, ha="right", rotation_mode="anchor",
-                fontsize=8)
-  ax.set_yticks(range(len(rows)), rows, fontsize=8)
-  for i in range(grid.shape[0]):
-    for j in range(grid.shape[1]):
-      v = grid[i, j]
-      ax.text(j, i, f"{v:.1f}" if np.isfinite(v) else "–", ha="center", va="center",
-              fontsize=7, color="white" if np.isfinite(v) and v > 55 else "black")
-  if mark is not None:
-    ax.add_patch(plt.Rectangle((mark[1] - 0.5, mark[0] - 0.5), 1, 1, fill=False,
-                               edgecolor="red", lw=2))
-  ax.set_title(title, fontsize=10)
-  fig.colorbar(im, ax=ax, fraction=0.6 / width, pad=0.02).set_label("FPR@95 (%)")
-  fig.subplots_adjust(left=left / width, right=1 - 1.2 / width, bottom=bottom / height,
-                      top=1 - 0.6 / height)
-  return _save(fig, path, tight=False)
 
 
 def _save(fig, path: str, tight: bool = True) -> str:

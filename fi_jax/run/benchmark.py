@@ -309,7 +309,8 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
   # each detector's histogram is drawn (into the staging folder) in the background while the
   # next detectors run
   ood_names = [s[len("ood/"):] for s in specs if s.startswith("ood/")]
-  hists = (report.HistWriter(stage.path, ood_names)
+  hists = (report.HistWriter(stage.path, ood_names, model=model_label(config),
+                             id_set=config.get("id_name", "id"))
            if stage is not None and rcfg.get("plots", True) else None)
   try:
     t = time.time()

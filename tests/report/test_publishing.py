@@ -140,7 +140,7 @@ def test_histograms_are_drawn_into_the_staging_folder(first_run, monkeypatch):
   new = feature_runs.run_id(workdir)
   assert all(f == os.path.join(workdir, f".report-{new}.tmp", "plots") for f in folders)
   assert sorted(os.listdir(os.path.join(workdir, "plots"))) == sorted(
-      ["fpr95_heatmap.png", "roc_far.png", "hist_msp.png", "hist_energy.png", "hist_knn.png"])
+      ["fpr95.png", "roc_far.png", "hist_msp.png", "hist_energy.png", "hist_knn.png"])
 
 
 def test_an_older_workdir_layout_is_replaced_as_a_whole(first_run):

@@ -180,7 +180,7 @@ def test_scores_plots_and_per_class_files(digits_run):
     np.testing.assert_array_equal(z["id"], np.arange(sizes[set_name]))
   assert (report.load_scores(workdir, "ood/digits_6-9")["label"] == -1).all()
   plots = sorted(os.listdir(os.path.join(workdir, "plots")))
-  assert plots == sorted(["fpr95_heatmap.png", "roc_digits_6-9.png"]
+  assert plots == sorted(["fpr95.png", "roc_digits_6-9.png"]
                          + [f"hist_{d}.png" for d in names])
   with open(os.path.join(workdir, "per_class", "digits_6-9", "msp.csv")) as f:
     lines = f.read().splitlines()
@@ -287,5 +287,5 @@ def test_compare_two_demo_runs_with_a_paired_test(tmp_path):
   assert t["auroc_a"] == pytest.approx(by[("vit-150", "energy")]["auroc"], abs=1e-12)
   assert t["fpr95_b"] == pytest.approx(by[("vit-20", "energy")]["fpr95"], abs=1e-12)
   assert 0 < t["auroc_p"] <= 1 and t["auroc_diff_ci_low"] <= t["auroc_diff"] <= t["auroc_diff_ci_high"]
-  assert os.path.exists(out / "compare_fpr95.png") and os.path.exists(out / "compare.csv")
+  assert os.path.exists(out / "compare_fpr95_digits_6-9.png") and os.path.exists(out / "compare.csv")
   assert "Paired bootstrap" in res.stdout
