@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 
 # Model files with a `PRETRAINED` table, in the order `names()` lists them.
-FAMILIES = ("resnet", "resnetv2", "regnet", "convnext", "swin", "efficientnet", "vit")
+FAMILIES = ("resnet", "resnetv2", "regnet", "convnext", "swin", "efficientnet", "vit",
+            "convnextv2")
 
 # torchvision: model -> the weights enum member `get_model_weights(model).DEFAULT` points to.
 TORCHVISION_DEFAULTS: dict[str, str] = {
@@ -101,6 +102,12 @@ TIMM_DEFAULTS: dict[str, str] = {
     "swinv2_large_window12to16_192to256": "ms_in22k_ft_in1k",
     "swinv2_large_window12to24_192to384": "ms_in22k_ft_in1k",
 }
+# ConvNeXt V2 (fi_jax.models.convnextv2)
+TIMM_DEFAULTS.update({
+    **{f"convnextv2_{s}": "fcmae_ft_in1k" for s in ("atto", "femto", "pico")},
+    **{f"convnextv2_{s}": "fcmae_ft_in22k_in1k" for s in ("nano", "tiny", "base", "large")},
+    "convnextv2_huge": "fcmae_ft_in22k_in1k_384",
+})
 
 _DEFAULTS = {"torchvision": TORCHVISION_DEFAULTS, "timm": TIMM_DEFAULTS}
 _TABLE: dict[str, dict] | None = None
