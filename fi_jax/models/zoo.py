@@ -4,7 +4,8 @@
   logits, out = model.apply({"params": params}, images_nhwc)   # out["pre_logits"]: [B, D]
 
 Names are "torchvision/<model>[.<weights enum>]" and "timm/<model>[.<tag>]", as the libraries
-spell them. Without a tag the name means the library's default: torchvision's `DEFAULT`
+spell them, and "<source>/<model>.<tag>" for official releases outside both libraries (MAE's
+fine-tuned ViTs: "mae/vit_base_patch16.finetuned_in1k"). Without a tag the name means the library's default: torchvision's `DEFAULT`
 weights of that model, timm's default pretrained tag (the first it lists for the model); both
 are recorded below (`TORCHVISION_DEFAULTS`, `TIMM_DEFAULTS`), so nothing imports torch or timm.
 The names come from the `PRETRAINED` tables of the family modules (`FAMILIES`); `info` is that
@@ -109,7 +110,11 @@ TIMM_DEFAULTS.update({
     "convnextv2_huge": "fcmae_ft_in22k_in1k_384",
 })
 
-_DEFAULTS = {"torchvision": TORCHVISION_DEFAULTS, "timm": TIMM_DEFAULTS}
+# MAE's official fine-tuned files (fi_jax.models.vit, `mae_*` variants): "mae/<model>.<tag>".
+MAE_DEFAULTS: dict[str, str] = {
+    m: "finetuned_in1k" for m in ("vit_base_patch16", "vit_large_patch16", "vit_huge_patch14")}
+
+_DEFAULTS = {"torchvision": TORCHVISION_DEFAULTS, "timm": TIMM_DEFAULTS, "mae": MAE_DEFAULTS}
 _TABLE: dict[str, dict] | None = None
 
 
@@ -142,8 +147,9 @@ def canonical_name(name: str) -> str:
   a name with a tag is returned as is. Raises ValueError with close matches if unknown."""
   source, slash, rest = name.partition("/")
   if not slash or source not in _DEFAULTS or not rest:
-    raise ValueError(f"Checkpoint name {name!r} must be 'torchvision/<model>[.<weights>]' or "
-                     f"'timm/<model>[.<tag>]'{_close(name)}")
+    raise ValueError(f"Checkpoint name {name!r} must be 'torchvision/<model>[.<weights>]', "
+                     f"'timm/<model>[.<tag>]' or '<official source>/<model>[.<tag>]' "
+                     f"({sorted(set(_DEFAULTS) - {'torchvision', 'timm'})}){_close(name)}")
   full = name
   if "." not in rest:
     if rest not in _DEFAULTS[source]:
