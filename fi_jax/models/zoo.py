@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 # Model files with a `PRETRAINED` table, in the order `names()` lists them.
 FAMILIES = ("resnet", "resnetv2", "regnet", "convnext", "swin", "efficientnet", "vit",
-            "convnextv2")
+            "convnextv2", "beit")
 
 # torchvision: model -> the weights enum member `get_model_weights(model).DEFAULT` points to.
 TORCHVISION_DEFAULTS: dict[str, str] = {
@@ -108,6 +108,13 @@ TIMM_DEFAULTS.update({
     **{f"convnextv2_{s}": "fcmae_ft_in1k" for s in ("atto", "femto", "pico")},
     **{f"convnextv2_{s}": "fcmae_ft_in22k_in1k" for s in ("nano", "tiny", "base", "large")},
     "convnextv2_huge": "fcmae_ft_in22k_in1k_384",
+})
+# BEiT / BEiT v2 (fi_jax.models.beit)
+TIMM_DEFAULTS.update({
+    **{f"beit_{s}_patch16_224": "in22k_ft_in22k_in1k" for s in ("base", "large")},
+    **{f"beit_{s}_patch16_{r}": "in22k_ft_in22k_in1k"
+       for s, r in (("base", 384), ("large", 384), ("large", 512))},
+    **{f"beitv2_{s}_patch16_224": "in1k_ft_in22k_in1k" for s in ("base", "large")},
 })
 
 # MAE's official fine-tuned files (fi_jax.models.vit, `mae_*` variants): "mae/<model>.<tag>".
