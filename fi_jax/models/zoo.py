@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 # Model files with a `PRETRAINED` table, in the order `names()` lists them.
 FAMILIES = ("resnet", "resnetv2", "regnet", "convnext", "swin", "efficientnet", "vit",
-            "convnextv2", "beit")
+            "convnextv2", "beit", "eva")
 
 # torchvision: model -> the weights enum member `get_model_weights(model).DEFAULT` points to.
 TORCHVISION_DEFAULTS: dict[str, str] = {
@@ -115,6 +115,12 @@ TIMM_DEFAULTS.update({
     **{f"beit_{s}_patch16_{r}": "in22k_ft_in22k_in1k"
        for s, r in (("base", 384), ("large", 384), ("large", 512))},
     **{f"beitv2_{s}_patch16_224": "in1k_ft_in22k_in1k" for s in ("base", "large")},
+})
+# EVA-02 (fi_jax.models.eva)
+TIMM_DEFAULTS.update({
+    "eva02_tiny_patch14_336": "mim_in22k_ft_in1k", "eva02_small_patch14_336": "mim_in22k_ft_in1k",
+    "eva02_base_patch14_448": "mim_in22k_ft_in22k_in1k",
+    "eva02_large_patch14_448": "mim_in22k_ft_in22k_in1k",
 })
 
 # MAE's official fine-tuned files (fi_jax.models.vit, `mae_*` variants): "mae/<model>.<tag>".
