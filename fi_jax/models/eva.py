@@ -51,21 +51,29 @@ def rope_sin_cos(h: int, w: int, head_dim: int, ref_feat_shape: Optional[Sequenc
   return np.sin(angle).astype(np.float32), np.cos(angle).astype(np.float32)
 
 
-def apply_rope(x, sin, cos):
-  """Interleaved rotation of the last axis: (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)."""
-  pairs = x.reshape(*x.shape[:-1], -1, 2)
-  rotated = jnp.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(x.shape)
+def apply_rope(x, sin, cos, half: bool = False):
+  """Rotation of the last axis. Interleaved (EVA): pairs (x0, x1) -> (x0 cos - x1 sin,
+  x1 cos + x0 sin); `half` (DINOv3): the halves [a | b] -> [a cos - b sin | b cos + a sin]."""
+  if half:
+    a, b = jnp.split(x, 2, axis=-1)
+    rotated = jnp.concatenate([-b, a], axis=-1)
+  else:
+    pairs = x.reshape(*x.shape[:-1], -1, 2)
+    rotated = jnp.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(x.shape)
   return x * cos + rotated * sin
 
 
 class Attention(nn.Module):
-  """Fused (`qkv` + `q_bias`, `v_bias`) or separate (`q_proj`, `k_proj` without bias,
-  `v_proj`) projections, RoPE on the patch tokens, optional LayerNorm on the output (`norm`,
-  timm `scale_attn_inner`), `proj`."""
+  """Fused (`qkv` + `q_bias`, `v_bias`; no biases with `qkv_bias=False`) or separate
+  (`q_proj`, `k_proj` without bias, `v_proj`) projections, RoPE on the tokens after the
+  `num_prefix` class / register tokens (`rope_half`: DINOv3's half layout), optional LayerNorm
+  on the output (`norm`, timm `scale_attn_inner`), `proj`."""
   num_heads: int
   fused: bool = True
   inner_norm: bool = False
   num_prefix: int = 1
+  qkv_bias: bool = True
+  rope_half: bool = False
   dtype: Any = jnp.float32
   precision: Any = HIGHEST
 
@@ -76,16 +84,18 @@ class Attention(nn.Module):
                                                 precision=self.precision, name=name)
     if self.fused:
       qkv = dense(3 * d, "qkv", bias=False)(x)
-      q_bias = self.param("q_bias", nn.initializers.zeros, (d,), jnp.float32)
-      v_bias = self.param("v_bias", nn.initializers.zeros, (d,), jnp.float32)
-      qkv = qkv + jnp.concatenate([q_bias, jnp.zeros_like(q_bias), v_bias]).astype(qkv.dtype)
+      if self.qkv_bias:
+        q_bias = self.param("q_bias", nn.initializers.zeros, (d,), jnp.float32)
+        v_bias = self.param("v_bias", nn.initializers.zeros, (d,), jnp.float32)
+        qkv = qkv + jnp.concatenate([q_bias, jnp.zeros_like(q_bias), v_bias]).astype(qkv.dtype)
       q, k, v = jnp.split(qkv, 3, axis=-1)
     else:
       q, k, v = dense(d, "q_proj")(x), dense(d, "k_proj", bias=False)(x), dense(d, "v_proj")(x)
     q, k, v = (jnp.swapaxes(t.reshape(b, n, self.num_heads, -1), 1, 2) for t in (q, k, v))
     p = self.num_prefix
-    q = jnp.concatenate([q[:, :, :p], apply_rope(q[:, :, p:], sin, cos).astype(q.dtype)], 2)
-    k = jnp.concatenate([k[:, :, :p], apply_rope(k[:, :, p:], sin, cos).astype(k.dtype)], 2)
+    rope = lambda t: apply_rope(t, sin, cos, self.rope_half).astype(t.dtype)
+    q = jnp.concatenate([q[:, :, :p], rope(q[:, :, p:])], 2)
+    k = jnp.concatenate([k[:, :, :p], rope(k[:, :, p:])], 2)
     y = jnp.swapaxes(attention(q, k, v, None, self.precision), 1, 2).reshape(b, n, d)
     if self.inner_norm:
       y = layer_norm("norm")(y).astype(self.dtype)

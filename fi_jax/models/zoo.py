@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 # Model files with a `PRETRAINED` table, in the order `names()` lists them.
 FAMILIES = ("resnet", "resnetv2", "regnet", "convnext", "swin", "efficientnet", "vit",
-            "convnextv2", "beit", "eva")
+            "convnextv2", "beit", "eva", "dinov3")
 
 # torchvision: model -> the weights enum member `get_model_weights(model).DEFAULT` points to.
 TORCHVISION_DEFAULTS: dict[str, str] = {
@@ -122,12 +122,23 @@ TIMM_DEFAULTS.update({
     "eva02_base_patch14_448": "mim_in22k_ft_in22k_in1k",
     "eva02_large_patch14_448": "mim_in22k_ft_in22k_in1k",
 })
+# DINOv3 ViT (fi_jax.models.dinov3): timm's tags; the official files are "dinov3/<hub name>".
+TIMM_DEFAULTS.update({
+    **{f"vit_{s}_patch16_dinov3": "lvd1689m"
+       for s in ("small", "small_plus", "base", "large", "huge_plus")},
+    **{f"vit_{s}_patch16_dinov3_qkvb": "lvd1689m"
+       for s in ("small", "small_plus", "base", "large", "huge_plus")},
+})
+DINOV3_DEFAULTS: dict[str, str] = {
+    m: "lvd1689m" for m in ("dinov3_vits16", "dinov3_vits16plus", "dinov3_vitb16",
+                            "dinov3_vitl16", "dinov3_vith16plus")}
 
 # MAE's official fine-tuned files (fi_jax.models.vit, `mae_*` variants): "mae/<model>.<tag>".
 MAE_DEFAULTS: dict[str, str] = {
     m: "finetuned_in1k" for m in ("vit_base_patch16", "vit_large_patch16", "vit_huge_patch14")}
 
-_DEFAULTS = {"torchvision": TORCHVISION_DEFAULTS, "timm": TIMM_DEFAULTS, "mae": MAE_DEFAULTS}
+_DEFAULTS = {"torchvision": TORCHVISION_DEFAULTS, "timm": TIMM_DEFAULTS, "mae": MAE_DEFAULTS,
+             "dinov3": DINOV3_DEFAULTS}
 _TABLE: dict[str, dict] | None = None
 
 
