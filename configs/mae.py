@@ -6,7 +6,8 @@
 default). The file is https://dl.fbaipublicfiles.com/mae/finetune/mae_finetuned_vit_<size>.pth
 (`zoo.resolve("mae/<name>")["url"]`); the model (fi_jax.models.vit, average pooling + fc_norm)
 and MAE's eval transform (Resize(256, bicubic), CenterCrop(224), ImageNet mean/std) come from
-fi_jax.models.zoo. timm's `.mae` encoders are `configs/timm.py:name=vit_base_patch16_224.mae`.
+fi_jax.models.zoo. (timm's `.mae` tags are the headless pre-training encoders:
+`zoo.from_pretrained` features, no benchmark run without a classifier head.)
 Other arguments as configs/timm.py (`dtype`, `res`, the ImageNet benchmark's).
 """
 from configs import common

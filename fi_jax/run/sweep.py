@@ -62,7 +62,7 @@ Log = Callable[[str], None]
 # a model entry's keys (configs/sweep.py documents them)
 ENTRY_KEYS = ("label", "zoo", "config", "args", "ckpt", "overrides")
 ZOO_CONFIGS = {"torchvision": "configs/torchvision.py", "timm": "configs/timm.py",
-               "mae": "configs/mae.py", "dinov3": "configs/dinov3.py"}
+               "mae": "configs/mae.py"}
 
 
 @dataclasses.dataclass

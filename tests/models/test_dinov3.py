@@ -110,9 +110,3 @@ def test_zoo_pooling_by_source():
   assert timm_info["input_size"] == 256 and official["input_size"] == 224
   assert official["url"].endswith("dinov3_vitb16_pretrain_lvd1689m-73cec8be.pth")
 
-
-def test_config_names_the_official_release():
-  from configs import dinov3 as config
-  c = config.get_config("name=dinov3_vits16,ckpt=/x/d.pth")
-  assert (c.model_name, c.model_label) == ("dinov3", "dinov3/dinov3_vits16.lvd1689m")
-  assert c.model.num_classes == 0 and tuple(c.init_shape) == (1, 224, 224, 3)
