@@ -4,10 +4,12 @@
   logits, out = model.apply({"params": params}, images_nhwc)   # out["pre_logits"]: [B, D]
 
 Names are "torchvision/<model>[.<weights enum>]" and "timm/<model>[.<tag>]", as the libraries
-spell them, and "<source>/<model>.<tag>" for official releases outside both libraries (MAE's
-fine-tuned ViTs: "mae/vit_base_patch16.finetuned_in1k"). Without a tag the name means the library's default: torchvision's `DEFAULT`
-weights of that model, timm's default pretrained tag (the first it lists for the model); both
-are recorded below (`TORCHVISION_DEFAULTS`, `TIMM_DEFAULTS`), so nothing imports torch or timm.
+spell them, and "<source>/<model>[.<tag>]" for official releases outside both libraries (MAE's
+fine-tuned ViTs "mae/vit_base_patch16.finetuned_in1k", DINOv3's "dinov3/dinov3_vitb16.lvd1689m").
+Without a tag the name means the source's default: torchvision's `DEFAULT` weights of that
+model, timm's default pretrained tag (the first it lists for the model), the official release;
+all are recorded below (`TORCHVISION_DEFAULTS`, `TIMM_DEFAULTS`, `MAE_DEFAULTS`,
+`DINOV3_DEFAULTS`), so nothing imports torch or timm.
 The names come from the `PRETRAINED` tables of the family modules (`FAMILIES`); `info` is that
 table's entry plus `name`, `family` and `mean` / `std` (from its pp string): `pp` is the
 fi_jax pp string of the source's eval transform, `input_size` the resolution the model is

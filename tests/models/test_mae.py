@@ -73,6 +73,13 @@ def test_timm_mae_encoder_is_headless(tmp_path):
 
 
 def test_mae_variants_match_the_official_sizes():
+  for name, info in vit.PRETRAINED.items():
+    if name.startswith("mae/"):   # MAE's util/datasets.py eval transform, its release files
+      assert info["pp"] == ("decode_pil|resize_torchvision(256, 'bicubic')|"
+                            "central_crop_torchvision(224)|"
+                            "normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))"), name
+      size = name.split("_")[1]
+      assert info["url"] == f"https://dl.fbaipublicfiles.com/mae/finetune/mae_finetuned_vit_{size}.pth"
   for name, (width, depth, heads, patch) in {
       "mae_vit_base_patch16": (768, 12, 12, 16), "mae_vit_large_patch16": (1024, 24, 16, 16),
       "mae_vit_huge_patch14": (1280, 32, 16, 14)}.items():
