@@ -83,12 +83,31 @@ def _layer_norm(name: str, eps: float) -> nn.LayerNorm:
   return nn.LayerNorm(epsilon=eps, use_fast_variance=False, dtype=jnp.float32, name=name)
 
 
+class GlobalResponseNorm(nn.Module):
+  """ConvNeXt V2's GRN on NHWC maps: x + bias + weight * x * n, where n is each channel's
+  spatial L2 norm divided by its mean over the channels (+ eps); params `weight`, `bias` (C,)."""
+  eps: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x):
+    c = x.shape[-1]
+    weight = self.param("weight", nn.initializers.zeros, (c,), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
+    x32 = x.astype(jnp.float32)
+    norm = jnp.sqrt(jnp.sum(jnp.square(x32), axis=(1, 2), keepdims=True))
+    n = norm / (jnp.mean(norm, axis=-1, keepdims=True) + self.eps)
+    return (x32 + (bias + weight * (x32 * n))).astype(x.dtype)
+
+
 class Block(nn.Module):
-  """dwconv 7x7 -> LayerNorm -> Dense 4x -> GELU (exact) -> Dense -> layer scale, + input."""
+  """dwconv 7x7 -> LayerNorm -> Dense 4x -> GELU (exact) -> [GRN] -> Dense -> [layer scale],
+  + input. ConvNeXt v1: layer scale, no GRN; ConvNeXt V2: GRN, no layer scale."""
   dim: int
   eps: float = 1e-6
   dtype: Any = jnp.float32
   precision: Any = jax.lax.Precision.HIGHEST
+  grn: bool = False
+  layer_scale: bool = True
 
   @nn.compact
   def __call__(self, x):
@@ -97,17 +116,24 @@ class Block(nn.Module):
     y = _layer_norm("norm", self.eps)(y).astype(self.dtype)
     y = nn.Dense(4 * self.dim, dtype=self.dtype, precision=self.precision, name="fc1")(y)
     y = nn.gelu(y, approximate=False)
+    if self.grn:
+      y = GlobalResponseNorm(name="grn")(y)
     y = nn.Dense(self.dim, dtype=self.dtype, precision=self.precision, name="fc2")(y)
-    scale = self.param("layer_scale", nn.initializers.constant(1e-6), (self.dim,), jnp.float32)
-    return x + (scale.astype(self.dtype) * y)
+    if self.layer_scale:
+      scale = self.param("layer_scale", nn.initializers.constant(1e-6), (self.dim,), jnp.float32)
+      y = scale.astype(self.dtype) * y
+    return x + y
 
 
 class _Model(nn.Module):
-  """ConvNeXt v1; the param tree is the same whichever library the weights come from."""
+  """ConvNeXt v1 (`grn=False, layer_scale=True`) or V2 (`grn=True, layer_scale=False`); the
+  param tree is the same whichever library the weights come from."""
   num_classes: Optional[int] = 1000
   depths: Sequence[int] = (3, 3, 9, 3)
   dims: Sequence[int] = (96, 192, 384, 768)
   eps: float = 1e-6
+  grn: bool = False
+  layer_scale: bool = True
   dtype: str = "float32"
   precision: Any = jax.lax.Precision.HIGHEST
 
@@ -125,7 +151,8 @@ class _Model(nn.Module):
         x = _layer_norm(f"downsample{i}_norm", self.eps)(x).astype(dt)
         x = nn.Conv(dim, (2, 2), strides=(2, 2), padding="VALID", name=f"downsample{i}", **kw)(x)
       for j in range(depth):
-        x = Block(dim, self.eps, name=f"stage{i}_block{j}", **kw)(x)
+        x = Block(dim, self.eps, grn=self.grn, layer_scale=self.layer_scale,
+                  name=f"stage{i}_block{j}", **kw)(x)
       out[f"stage{i}"] = x
     x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
     x = out["pre_logits"] = _layer_norm("head_norm", self.eps)(x)
@@ -150,10 +177,12 @@ def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> _Model:
 
 
 def load(init_params, init_file: str, model_cfg: Optional[Mapping] = None) -> dict:
-  """torchvision (features.* / classifier.*) or timm (stem.* / stages.* / head.*) ConvNeXt
-  weights from .pth or .safetensors onto `init_params` (arrays or ShapeDtypeStructs).
+  """torchvision (features.* / classifier.*), timm (stem.* / stages.* / head.*) or official
+  (downsample_layers.* / stages.<i>.<j>.*) ConvNeXt v1 / V2 weights from .pth or .safetensors
+  onto `init_params` (arrays or ShapeDtypeStructs).
 
-  The layout is read off the keys unless `model_cfg["source"]` says "torchvision" / "timm".
+  The layout is read off the keys unless `model_cfg["source"]` says "torchvision" / "timm" /
+  "fb".
   """
   sd = readers.read_state_dict(init_file, hint=convert.HINT)
   return convert.convert(sd, init_params, source=(model_cfg or {}).get("source"),

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fi_jax.data import preprocess
 from fi_jax.models import _checkpoints as ckpt
 from fi_jax.models import _posemb as posemb
 from fi_jax.models import _pretrained as pretrained
@@ -454,6 +455,26 @@ PRETRAINED: dict[str, dict] = {
     **_timm("vit_small_patch14_reg4_dinov2.lvd142m", 518, 1.0, norm="imagenet", num_classes=0),
     **_timm("vit_base_patch14_reg4_dinov2.lvd142m", 518, 1.0, norm="imagenet", num_classes=0),
 }
+
+
+# --- MAE (He et al. 2022): the official fine-tuned classifiers (facebookresearch/mae at
+# be47fef, models_vit.py with global_pool=True): class token in front (posemb covers it),
+# mean over the patch tokens, then `fc_norm` (the final token norm is deleted), LayerNorm eps
+# 1e-6, exact GELU; files `{"model": <timm ViT state dict>}`. Eval transform
+# (util/datasets.py): Resize(256, bicubic) -> CenterCrop(224), ImageNet mean/std. timm's
+# `.mae` tags are the self-supervised encoders (token pooling, final norm, no head).
+_MAE = dict(_TORCH, pool_type="gap", class_token=True, fc_norm=True)
+ARCHS.update({f"mae_{name}": {**decode_variant(v), **_MAE} for name, v in (
+    ("vit_base_patch16", "B/16"), ("vit_large_patch16", "L/16"), ("vit_huge_patch14", "H/14"))})
+for _size in ("base", "large", "huge"):
+  _model = f"vit_{_size}_patch{14 if _size == 'huge' else 16}"
+  PRETRAINED[f"mae/{_model}.finetuned_in1k"] = dict(
+      variant=f"mae_{_model}", source="mae", num_classes=1000, input_size=224,
+      pp=preprocess.torchvision_pp(256, 224, "bicubic"),
+      url=f"https://dl.fbaipublicfiles.com/mae/finetune/mae_finetuned_vit_{_size}.pth")
+PRETRAINED.update({
+    **_timm("vit_base_patch16_224.mae", 224, 0.9, norm="imagenet", num_classes=0),
+    **_timm("vit_large_patch16_224.mae", 224, 0.9, norm="imagenet", num_classes=0)})
 
 
 def Model(num_classes: Optional[int] = None, *, variant: Optional[str] = None, **kw) -> _Model:

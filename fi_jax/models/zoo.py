@@ -4,9 +4,12 @@
   logits, out = model.apply({"params": params}, images_nhwc)   # out["pre_logits"]: [B, D]
 
 Names are "torchvision/<model>[.<weights enum>]" and "timm/<model>[.<tag>]", as the libraries
-spell them. Without a tag the name means the library's default: torchvision's `DEFAULT`
-weights of that model, timm's default pretrained tag (the first it lists for the model); both
-are recorded below (`TORCHVISION_DEFAULTS`, `TIMM_DEFAULTS`), so nothing imports torch or timm.
+spell them, and "<source>/<model>[.<tag>]" for official releases outside both libraries (MAE's
+fine-tuned ViTs "mae/vit_base_patch16.finetuned_in1k", DINOv3's "dinov3/dinov3_vitb16.lvd1689m").
+Without a tag the name means the source's default: torchvision's `DEFAULT` weights of that
+model, timm's default pretrained tag (the first it lists for the model), the official release;
+all are recorded below (`TORCHVISION_DEFAULTS`, `TIMM_DEFAULTS`, `MAE_DEFAULTS`,
+`DINOV3_DEFAULTS`), so nothing imports torch or timm.
 The names come from the `PRETRAINED` tables of the family modules (`FAMILIES`); `info` is that
 table's entry plus `name`, `family` and `mean` / `std` (from its pp string): `pp` is the
 fi_jax pp string of the source's eval transform, `input_size` the resolution the model is
@@ -25,7 +28,8 @@ import jax
 import jax.numpy as jnp
 
 # Model files with a `PRETRAINED` table, in the order `names()` lists them.
-FAMILIES = ("resnet", "resnetv2", "regnet", "convnext", "swin", "efficientnet", "vit")
+FAMILIES = ("resnet", "resnetv2", "regnet", "convnext", "swin", "efficientnet", "vit",
+            "convnextv2", "beit", "eva", "dinov3")
 
 # torchvision: model -> the weights enum member `get_model_weights(model).DEFAULT` points to.
 TORCHVISION_DEFAULTS: dict[str, str] = {
@@ -101,8 +105,42 @@ TIMM_DEFAULTS: dict[str, str] = {
     "swinv2_large_window12to16_192to256": "ms_in22k_ft_in1k",
     "swinv2_large_window12to24_192to384": "ms_in22k_ft_in1k",
 }
+# ConvNeXt V2 (fi_jax.models.convnextv2)
+TIMM_DEFAULTS.update({
+    **{f"convnextv2_{s}": "fcmae_ft_in1k" for s in ("atto", "femto", "pico")},
+    **{f"convnextv2_{s}": "fcmae_ft_in22k_in1k" for s in ("nano", "tiny", "base", "large")},
+    "convnextv2_huge": "fcmae_ft_in22k_in1k_384",
+})
+# BEiT / BEiT v2 (fi_jax.models.beit)
+TIMM_DEFAULTS.update({
+    **{f"beit_{s}_patch16_224": "in22k_ft_in22k_in1k" for s in ("base", "large")},
+    **{f"beit_{s}_patch16_{r}": "in22k_ft_in22k_in1k"
+       for s, r in (("base", 384), ("large", 384), ("large", 512))},
+    **{f"beitv2_{s}_patch16_224": "in1k_ft_in22k_in1k" for s in ("base", "large")},
+})
+# EVA-02 (fi_jax.models.eva)
+TIMM_DEFAULTS.update({
+    "eva02_tiny_patch14_336": "mim_in22k_ft_in1k", "eva02_small_patch14_336": "mim_in22k_ft_in1k",
+    "eva02_base_patch14_448": "mim_in22k_ft_in22k_in1k",
+    "eva02_large_patch14_448": "mim_in22k_ft_in22k_in1k",
+})
+# DINOv3 ViT (fi_jax.models.dinov3): timm's tags; the official files are "dinov3/<hub name>".
+TIMM_DEFAULTS.update({
+    **{f"vit_{s}_patch16_dinov3": "lvd1689m"
+       for s in ("small", "small_plus", "base", "large", "huge_plus")},
+    **{f"vit_{s}_patch16_dinov3_qkvb": "lvd1689m"
+       for s in ("small", "small_plus", "base", "large", "huge_plus")},
+})
+DINOV3_DEFAULTS: dict[str, str] = {
+    m: "lvd1689m" for m in ("dinov3_vits16", "dinov3_vits16plus", "dinov3_vitb16",
+                            "dinov3_vitl16", "dinov3_vith16plus")}
 
-_DEFAULTS = {"torchvision": TORCHVISION_DEFAULTS, "timm": TIMM_DEFAULTS}
+# MAE's official fine-tuned files (fi_jax.models.vit, `mae_*` variants): "mae/<model>.<tag>".
+MAE_DEFAULTS: dict[str, str] = {
+    m: "finetuned_in1k" for m in ("vit_base_patch16", "vit_large_patch16", "vit_huge_patch14")}
+
+_DEFAULTS = {"torchvision": TORCHVISION_DEFAULTS, "timm": TIMM_DEFAULTS, "mae": MAE_DEFAULTS,
+             "dinov3": DINOV3_DEFAULTS}
 _TABLE: dict[str, dict] | None = None
 
 
@@ -135,8 +173,9 @@ def canonical_name(name: str) -> str:
   a name with a tag is returned as is. Raises ValueError with close matches if unknown."""
   source, slash, rest = name.partition("/")
   if not slash or source not in _DEFAULTS or not rest:
-    raise ValueError(f"Checkpoint name {name!r} must be 'torchvision/<model>[.<weights>]' or "
-                     f"'timm/<model>[.<tag>]'{_close(name)}")
+    raise ValueError(f"Checkpoint name {name!r} must be 'torchvision/<model>[.<weights>]', "
+                     f"'timm/<model>[.<tag>]' or '<official source>/<model>[.<tag>]' "
+                     f"({sorted(set(_DEFAULTS) - {'torchvision', 'timm'})}){_close(name)}")
   full = name
   if "." not in rest:
     if rest not in _DEFAULTS[source]:

@@ -165,7 +165,7 @@ def _check_set(set_name: str, spec: dict) -> Optional[str]:
 def _zoo_hint(label: str) -> Optional[str]:
   """Where the weights of a published torchvision / timm model (configs/torchvision.py,
   configs/timm.py: the model label is its zoo name) are downloaded; None for other labels."""
-  if not label.startswith(("torchvision/", "timm/")):
+  if not label.startswith(("torchvision/", "timm/", "mae/")):
     return None
   from fi_jax.models import zoo  # imports every family: only for these labels
   try:

@@ -61,7 +61,8 @@ Log = Callable[[str], None]
 
 # a model entry's keys (configs/sweep.py documents them)
 ENTRY_KEYS = ("label", "zoo", "config", "args", "ckpt", "overrides")
-ZOO_CONFIGS = {"torchvision": "configs/torchvision.py", "timm": "configs/timm.py"}
+ZOO_CONFIGS = {"torchvision": "configs/torchvision.py", "timm": "configs/timm.py",
+               "mae": "configs/mae.py"}
 
 
 @dataclasses.dataclass
@@ -144,8 +145,8 @@ def model_config(entry: Mapping, sweep: ml_collections.ConfigDict) -> ml_collect
   if zoo:
     source, slash, name = zoo.partition("/")
     if source not in ZOO_CONFIGS or not name:
-      raise ValueError(f"zoo name {zoo!r} must be 'torchvision/<model>[.<weights>]' or "
-                       "'timm/<model>[.<tag>]'.")
+      raise ValueError(f"zoo name {zoo!r} must be '<source>/<model>[.<tag>]' with a source "
+                       f"of {sorted(ZOO_CONFIGS)} (e.g. 'timm/convnext_tiny').")
     path, args = ZOO_CONFIGS[source], ",".join(filter(None, [f"name={name}", args]))
   args = ",".join(filter(None, [args, sweep.get("args") or ""]))
   try:

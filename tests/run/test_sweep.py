@@ -85,6 +85,10 @@ def test_model_entries_and_overrides():
     sweep.model_config(dict(base, zoo="timm/resnet50"), c)
   cfg = sweep.model_config(dict(zoo="torchvision/resnet50", ckpt="r.pth"), c)
   assert cfg.model_label == "torchvision/resnet50.IMAGENET1K_V2"
+  cfg = sweep.model_config(dict(zoo="mae/vit_base_patch16", ckpt="m.pth"), c)
+  assert cfg.model_label == "mae/vit_base_patch16.finetuned_in1k" and cfg.model_name == "vit"
+  with pytest.raises(ValueError, match=r"zoo name 'hub/x'.*'mae', 'timm'"):
+    sweep.model_config(dict(zoo="hub/x"), c)
   # a model whose config cannot be built is that model's problem; shared folders are an error
   bad = ml_collections.ConfigDict(dict(c.to_dict(), models=(
       dict(label="a", zoo="timm/no_such_model"), dict(label="b", **base))))

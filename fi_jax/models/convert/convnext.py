@@ -5,6 +5,11 @@ torchvision: features.0.{0: conv, 1: LayerNorm2d} stem; features.{1,3,5,7}.<j> s
 features.{2,4,6}.{0: LayerNorm2d, 1: conv} downsampling; classifier.{0: LayerNorm2d, 2: Linear}.
 timm: stem.{0,1}; stages.<i>.downsample.{0,1} (i > 0); stages.<i>.blocks.<j>.{conv_dw, norm,
 mlp.fc1, mlp.fc2, gamma (C,)}; head.norm, head.fc (norm_pre is an Identity for these models).
+timm ConvNeXt V2: no `gamma`, `mlp.grn.{weight,bias}` (C,); the small models (atto..nano,
+`conv_mlp=True`) store mlp.fc1 / mlp.fc2 as 1x1 convs (O, I, 1, 1).
+fb (the official facebookresearch/ConvNeXt and ConvNeXt-V2 files, `{"model": ...}`):
+downsample_layers.0.{0,1} stem; downsample_layers.<i>.{0: norm, 1: conv}; stages.<i>.<j>.{dwconv,
+norm, pwconv1, pwconv2, gamma (v1) or grn.gamma / grn.beta (1, 1, 1, C) (v2)}; norm, head.
 """
 from __future__ import annotations
 
@@ -17,20 +22,40 @@ from fi_jax.models import _checkpoints as checkpoints
 from fi_jax.models.convert import keymap
 
 HINT = ("ConvNeXt weights: torchvision https://download.pytorch.org/models/convnext_<size>-"
-        "<hash>.pth or timm https://huggingface.co/timm/convnext_<size>.<tag>")
+        "<hash>.pth or timm https://huggingface.co/timm/convnext_<size>.<tag>; ConvNeXt V2: "
+        "https://huggingface.co/timm/convnextv2_<size>.<tag> or the official "
+        "https://dl.fbaipublicfiles.com/convnext/convnextv2/")
 
 _LN = {"scale": "weight", "bias": "bias"}
 
 
+SOURCES = ("torchvision", "timm", "fb")
+
+
 def detect_source(sd: Mapping[str, Any]) -> str:
-  """'torchvision' (features.* keys) or 'timm' (stem.* / stages.* keys)."""
+  """'torchvision' (features.* keys), 'fb' (downsample_layers.* keys) or 'timm' (stem.* /
+  stages.* keys)."""
   if any(k.startswith("features.") for k in sd):
     return "torchvision"
+  if any(k.startswith("downsample_layers.") for k in sd):
+    return "fb"
   if any(k.startswith(("stem.", "stages.")) for k in sd):
     return "timm"
   raise checkpoints.CheckpointError(
-      f"Not a ConvNeXt state dict (neither torchvision features.* nor timm stem.*/stages.* keys; "
-      f"first keys {sorted(sd)[:4]}). {HINT}.")
+      f"Not a ConvNeXt state dict (neither torchvision features.*, timm stem.*/stages.* nor "
+      f"official downsample_layers.* keys; first keys {sorted(sd)[:4]}). {HINT}.")
+
+
+def _linear(w: np.ndarray) -> np.ndarray:
+  """A Linear weight (O, I) or a 1x1 conv weight (O, I, 1, 1) -> flax Dense (I, O)."""
+  if w.ndim == 4 and w.shape[2:] == (1, 1):
+    w = w[:, :, 0, 0]
+  return keymap.dense(w)
+
+
+def _vector(w: np.ndarray) -> np.ndarray:
+  """A per-channel vector stored as (C,), (C, 1, 1) or (1, 1, 1, C) -> (C,)."""
+  return np.reshape(w, (-1,)) if w.ndim > 1 and max(w.shape) == w.size else w
 
 
 def _stages(init_params: Mapping[str, Any]) -> list[int]:
@@ -43,7 +68,7 @@ def _stages(init_params: Mapping[str, Any]) -> list[int]:
 
 def key_map(init_params: Mapping[str, Any], source: str) -> dict[str, tuple[str, Any]]:
   """{flax leaf path: (torch key, transform)} for every leaf of `init_params`."""
-  tv = source == "torchvision"
+  tv, fb = source == "torchvision", source == "fb"
   spec = {}
 
   def conv(path, key, bias=True):
@@ -52,44 +77,53 @@ def key_map(init_params: Mapping[str, Any], source: str) -> dict[str, tuple[str,
       spec[f"{path}/bias"] = (f"{key}.bias", keymap.same)
 
   def dense(path, key):
-    spec[f"{path}/kernel"] = (f"{key}.weight", keymap.dense)
+    spec[f"{path}/kernel"] = (f"{key}.weight", _linear)
     spec[f"{path}/bias"] = (f"{key}.bias", keymap.same)
 
   def norm(path, key):
     for f, t in _LN.items():
       spec[f"{path}/{f}"] = (f"{key}.{t}", keymap.same)
 
-  conv("stem", "features.0.0" if tv else "stem.0")
-  norm("stem_norm", "features.0.1" if tv else "stem.1")
+  stem = "features.0" if tv else "downsample_layers.0" if fb else "stem"
+  conv("stem", f"{stem}.0")
+  norm("stem_norm", f"{stem}.1")
   for i, depth in enumerate(_stages(init_params)):
     if i > 0:
-      down = f"features.{2 * i}" if tv else f"stages.{i}.downsample"
+      down = (f"features.{2 * i}" if tv else f"downsample_layers.{i}" if fb
+              else f"stages.{i}.downsample")
       norm(f"downsample{i}_norm", f"{down}.0")
       conv(f"downsample{i}", f"{down}.1")
     for j in range(depth):
       p = f"stage{i}_block{j}"
-      t = f"features.{2 * i + 1}.{j}" if tv else f"stages.{i}.blocks.{j}"
-      conv(f"{p}/dwconv", f"{t}.block.0" if tv else f"{t}.conv_dw")
+      t = (f"features.{2 * i + 1}.{j}" if tv else f"stages.{i}.{j}" if fb
+           else f"stages.{i}.blocks.{j}")
+      block = init_params[p]
+      conv(f"{p}/dwconv", f"{t}.block.0" if tv else f"{t}.dwconv" if fb else f"{t}.conv_dw")
       norm(f"{p}/norm", f"{t}.block.2" if tv else f"{t}.norm")
-      dense(f"{p}/fc1", f"{t}.block.3" if tv else f"{t}.mlp.fc1")
-      dense(f"{p}/fc2", f"{t}.block.5" if tv else f"{t}.mlp.fc2")
-      spec[f"{p}/layer_scale"] = (f"{t}.layer_scale" if tv else f"{t}.gamma", keymap.flat)
-  norm("head_norm", "classifier.0" if tv else "head.norm")
+      dense(f"{p}/fc1", f"{t}.block.3" if tv else f"{t}.pwconv1" if fb else f"{t}.mlp.fc1")
+      dense(f"{p}/fc2", f"{t}.block.5" if tv else f"{t}.pwconv2" if fb else f"{t}.mlp.fc2")
+      if "layer_scale" in block:
+        spec[f"{p}/layer_scale"] = (f"{t}.layer_scale" if tv else f"{t}.gamma", keymap.flat)
+      if "grn" in block:   # ConvNeXt V2 (timm / fb only)
+        spec[f"{p}/grn/weight"] = (f"{t}.grn.gamma" if fb else f"{t}.mlp.grn.weight", _vector)
+        spec[f"{p}/grn/bias"] = (f"{t}.grn.beta" if fb else f"{t}.mlp.grn.bias", _vector)
+  norm("head_norm", "classifier.0" if tv else "norm" if fb else "head.norm")
   if "head" in init_params:
-    dense("head", "classifier.2" if tv else "head.fc")
+    dense("head", "classifier.2" if tv else "head" if fb else "head.fc")
   return spec
 
 
 def convert(sd: Mapping[str, np.ndarray], init_params: Mapping[str, Any], *,
             source: Optional[str] = None, file: str = "checkpoint") -> dict:
-  """A torchvision or timm ConvNeXt state dict -> params on `init_params`' tree.
+  """A torchvision, timm or official (fb) ConvNeXt (v1 or V2) state dict -> params on
+  `init_params`' tree.
 
   A model built without a head (num_classes=None) drops the file's classifier."""
   source = source or detect_source(sd)
-  if source not in ("torchvision", "timm"):
-    raise ValueError(f"ConvNeXt source must be 'torchvision' or 'timm', got {source!r}.")
-  head = ("classifier.2.weight", "classifier.2.bias") if source == "torchvision" else (
-      "head.fc.weight", "head.fc.bias")
+  if source not in SOURCES:
+    raise ValueError(f"ConvNeXt source must be one of {SOURCES}, got {source!r}.")
+  head = {"torchvision": "classifier.2", "timm": "head.fc", "fb": "head"}[source]
+  head = (f"{head}.weight", f"{head}.bias")
   skip = () if "head" in init_params else head
   return keymap.apply(sd, key_map(init_params, source), init_params,
                       source=f"{file} ({source} ConvNeXt)", hint=HINT + ".", skip=skip)

@@ -1,0 +1,112 @@
+"""fi_jax DINOv3 ViT vs timm's (`vit_*_dinov3[_qkvb]`, timm's Eva with DINOv3 RoPE): tiny
+random timm models (width 32, depth 2, patch 16, 4 registers, layer scale) compared on the
+pooled features at two patch grids (the RoPE coordinates depend on the grid). The official
+layout (`storage_tokens`, `ls1.gamma`, SwiGLU `w1/w2/w3`, a `qkv.bias` whose key third is
+non-zero but masked by `bias_mask`, bfloat16-rounded `rope_embed.periods`, `mask_token`) is
+written from a timm model by the inverse of timm's checkpoint_filter_fn and compared with
+class-token pooling (upstream DINOv3's output; timm's global_pool='token') using the stored
+periods."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import dinov3, zoo
+from tests.helpers.torch_reference import nchw, randomize_params, save_state_dict
+
+torch = pytest.importorskip("torch")
+timm = pytest.importorskip("timm")
+
+
+def _timm(variant, seed, **kw):
+  torch.manual_seed(seed)
+  m = timm.create_model(variant, pretrained=False, embed_dim=32, depth=2, num_heads=2,
+                        num_classes=0, **kw)
+  return randomize_params(m, seed)
+
+
+def _fi(ref, variant):
+  hidden = ref.blocks[0].mlp.fc2.weight.shape[1]
+  return dinov3.Model(variant=variant, width=32, depth=2, num_heads=2, mlp_hidden=hidden)
+
+
+def _features(model, params, ref, res):
+  x = np.random.default_rng(res).normal(size=(2, res, res, 3)).astype(np.float32)
+  pre, out = jax.jit(model.apply)({"params": params}, x)
+  with torch.no_grad():
+    want = ref.forward_head(ref.forward_features(nchw(x)), pre_logits=True).numpy()
+  return np.asarray(out["pre_logits"]), want, np.asarray(pre)
+
+
+def _init(model, res=64):
+  return jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, res, res, 3)))["params"]
+
+
+def test_timm_mean_pooling_at_two_grids(tmp_path):
+  ref = _timm("vit_small_patch16_dinov3", 0)
+  model = _fi(ref, "vit_small_patch16_dinov3")
+  params = dinov3.load(_init(model), save_state_dict(ref, tmp_path / "model.safetensors"))
+  assert "q_bias" not in params["blocks_0"]["attn"] and "head" not in params
+  for res in (64, 48):   # 4x4 and 3x3 patches: no parameter depends on the grid
+    got, want, logits = _features(model, params, ref, res)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(logits, got)   # headless
+
+
+def _official(ref):
+  """timm names -> the official DinoVisionTransformer's (as released, `.pth`)."""
+  sd, out = ref.state_dict(), {}
+  for k, v in sd.items():
+    k = k.replace("reg_token", "storage_tokens").replace("gamma_1", "ls1.gamma")
+    k = k.replace("gamma_2", "ls2.gamma").replace("mlp.fc1_g.", "mlp.w1.")
+    k = k.replace("mlp.fc1_x.", "mlp.w2.").replace("mlp.fc2.", "mlp.w3.")
+    if k.endswith("attn.q_bias"):
+      v_bias = sd[k.replace("q_bias", "v_bias")]
+      out[k.replace("q_bias", "qkv.bias")] = torch.cat([v, torch.full_like(v, 7.0), v_bias])
+      out[k.replace("q_bias", "qkv.bias_mask")] = torch.cat(
+          [torch.ones_like(v), torch.zeros_like(v), torch.ones_like(v)])
+    elif not k.endswith("attn.v_bias"):
+      out[k] = v
+  out["mask_token"] = torch.zeros(1, 32)
+  out["rope_embed.periods"] = ref.rope.periods.to(torch.bfloat16).float()
+  return out
+
+
+def test_official_layout_with_class_token_pooling(tmp_path):
+  ref = _timm("vit_small_plus_patch16_dinov3_qkvb", 1, global_pool="token")
+  sd = _official(ref)
+  with torch.no_grad():   # the official files' bfloat16-rounded periods, in the reference too
+    ref.rope.periods.copy_(sd["rope_embed.periods"])
+  assert not torch.equal(sd["rope_embed.periods"], torch.from_numpy(dinov3.rope_periods(16)))
+  path = tmp_path / "dinov3_vits16plus_pretrain_lvd1689m-4057cbaa.pth"
+  torch.save(sd, path)
+  model = _fi(ref, "dinov3_vits16plus")
+  params = dinov3.load(_init(model), str(path))
+  got, want, _ = _features(model, params, ref, 48)
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+  sd["blocks.1.attn.qkv.bias_mask"] = torch.ones(96)
+  torch.save(sd, tmp_path / "unmasked.pth")
+  with pytest.raises(checkpoints.CheckpointError, match=r"blocks\.1\.attn\.qkv\.bias.*non-zero key"):
+    dinov3.load(_init(model), str(tmp_path / "unmasked.pth"))
+
+
+@pytest.mark.parametrize("variant", ["vit_small_plus_patch16_dinov3_qkvb"])
+def test_full_size_layout(variant):
+  with torch.device("meta"):
+    m = timm.create_model(variant, pretrained=False)
+  init = _init(dinov3.Model(variant=variant), 32)
+  sd = {k: np.broadcast_to(np.float32(0), tuple(v.shape)) for k, v in m.state_dict().items()}
+  params = dinov3.convert.convert(sd, init, file=variant)
+  assert jax.tree.map(np.shape, params) == jax.tree.map(lambda s: s.shape, init)
+
+
+def test_zoo_pooling_by_source():
+  timm_info, official = zoo.resolve("timm/vit_base_patch16_dinov3"), zoo.resolve(
+      "dinov3/dinov3_vitb16")
+  assert timm_info["family"] == official["family"] == "dinov3"
+  assert dinov3.ARCHS[timm_info["variant"]]["pool"] == "avg"
+  assert dinov3.ARCHS[official["variant"]]["pool"] == "token"
+  assert timm_info["input_size"] == 256 and official["input_size"] == 224
+  assert official["url"].endswith("dinov3_vitb16_pretrain_lvd1689m-73cec8be.pth")
+
