@@ -557,16 +557,38 @@ def _sq_dists(a, b, b_sq):
   return jnp.sum(a * a, -1, keepdims=True) + b_sq[None, :] - 2.0 * matmul(a, b.T)
 
 
-@functools.partial(jax.jit, static_argnames=("rows",))
-def _cfood_self_knn(ref, positions, *, rows: int):
+@jax.jit
+def _cfood_block_dists(block, ref, ref_sq):
+  return _sq_dists(block, ref, ref_sq)
+
+
+@jax.jit
+def _cfood_block_sorted(block, ref, ref_sq, positions):
+  return jnp.sort(_sq_dists(block, ref, ref_sq), axis=-1)[:, positions + 1]
+
+
+def _cfood_self_knn(ref, positions: np.ndarray) -> np.ndarray:
   """For every reference row, its sorted squared distances to all reference rows (itself
-  included, at the front) taken at `positions` + 1: [len(positions), n]."""
+  included, at the front) taken at `positions` + 1: [len(positions), n] float64. Row blocks of
+  ~2^24 distances; the order statistics by `jnp.sort` on an accelerator, by `np.partition` on
+  the host when JAX runs on the CPU (XLA's CPU sort is ~100x slower); both are exact, so the
+  values are the same."""
   n = ref.shape[0]
+  rows = max(1, min(n, (1 << 24) // n))
   sq = jnp.sum(ref * ref, -1)
-  nb = math.ceil(n / rows)
-  idx = jnp.minimum(jnp.arange(nb * rows), n - 1).reshape(nb, rows)
-  out = lax.map(lambda i: jnp.sort(_sq_dists(ref[i], ref, sq), axis=-1)[:, positions + 1], idx)
-  return out.reshape(nb * rows, -1)[:n].T
+  on_cpu = jax.default_backend() == "cpu"
+  out = np.empty((len(positions), n))
+  for start in range(0, n, rows):
+    # the last block is clamped to the end (one compiled shape); its rows seen before are rewritten
+    lo = min(start, n - rows)
+    blk = ref[lo:lo + rows]
+    if on_cpu:
+      d = np.asarray(_cfood_block_dists(blk, ref, sq))
+      part = np.partition(d, positions + 1, axis=1)[:, positions + 1]
+    else:
+      part = np.asarray(_cfood_block_sorted(blk, ref, sq, jnp.asarray(positions)))
+    out[:, lo:lo + rows] = part.T
+  return out
 
 
 class CFOOD(Detector):
@@ -609,10 +631,9 @@ class CFOOD(Detector):
     require(n >= 2, f"cfood: the reference set (alpha={alpha} of the fit rows) has {n} rows; it "
             "needs at least 2: use a larger fit set or alpha.")
     kappas, positions = cfood_grid(n)
-    rows = max(1, min(n, (1 << 24) // n))               # [rows, n] distances per sort block
     ref = jnp.asarray(ref, cdtype())
     return {"ref": ref, "ref_sq": jnp.sum(ref * ref, -1),
-            "knn_dist": _cfood_self_knn(ref, jnp.asarray(positions), rows=rows),
+            "knn_dist": jnp.asarray(_cfood_self_knn(ref, positions), cdtype()),
             "kappas": jnp.asarray(kappas, cdtype()),
             "count": jnp.asarray(cfood_count_threshold(n, float(self.hparams["k"])), jnp.int32)}
 
@@ -658,8 +679,9 @@ def grood_gradients(features, protos, valid, noise):
 
 
 @functools.partial(jax.jit, static_argnames=("query_block", "bank_block"))
-def nearest_sq_dist(queries, bank, *, query_block: int, bank_block: int):
-  """min_j |q - b_j|^2 for every query row (compute dtype): the nearest bank row is chosen on
+def nearest_sq_dist(queries, bank, n_valid, *, query_block: int, bank_block: int):
+  """min_j |q - b_j|^2 over the first n_valid bank rows, for every query row (compute dtype):
+  the nearest bank row is chosen on
   float32 distances |b_j|^2 - 2 q.b_j at HIGHEST precision (as faiss IndexFlatL2, first index
   on ties), and its distance recomputed in the compute dtype from the float32 row. Bank blocks
   of bank_block rows (the last one clamped to the end of the bank, its rows already seen
@@ -682,7 +704,8 @@ def nearest_sq_dist(queries, bank, *, query_block: int, bank_block: int):
       d = sq[None, :] - 2.0 * lax.dot_general(q32, blk, (((1,), (1,)), ((), ())),
                                               precision=HIGHEST,
                                               preferred_element_type=jnp.float32)
-      d = jnp.where((start + jnp.arange(bb) >= i * bb)[None, :], d, jnp.inf)
+      rows = start + jnp.arange(bb)
+      d = jnp.where(((rows >= i * bb) & (rows < n_valid))[None, :], d, jnp.inf)
       j = jnp.argmin(d, -1)
       dj = jnp.take_along_axis(d, j[:, None], -1)[:, 0]
       better = dj < best[0]
@@ -703,7 +726,8 @@ class GROOD(Detector):
   the OOD ("noise") prototype n = the mean of the prototypes (the official `use_proto_mean`
   option), and for every row the gradient g(h) of its nearest-centroid cross-entropy with
   respect to n (`grood_gradients`); the bank holds g of the fit rows the model classifies
-  correctly (label = argmax z), as float32 rows (the official faiss index); s = -min_j
+  correctly (label = argmax z), as float32 rows (the official faiss index; zero rows pad the bank
+  to the fit set's row count, never matched); s = -min_j
   |g(h) - g_j|^2 (faiss's squared L2 to the nearest bank row). Differences: the OpenOOD default
   builds n from OOD validation images (`use_val_ood`), the other options from generated noise
   or mixed images passed through the network: none of them is available to a post-hoc detector
@@ -730,8 +754,9 @@ class GROOD(Detector):
     protos = jnp.asarray(np.where(valid[:, None], means, 0.0), cd)
     noise = jnp.asarray(np.asarray(means, np.float64)[valid].mean(0), cd)
     ok = jnp.asarray(valid)
-    parts = []
+    parts, total = [], 0
     for _, chunk in stats.chunks(train):
+      total += stats.num_rows(chunk)
       require(chunk.logits is not None and chunk.labels is not None,
               "grood needs fit Outputs with features, logits and labels.")
       right = np.asarray(chunk.labels) == np.asarray(chunk.logits).argmax(-1)
@@ -740,10 +765,16 @@ class GROOD(Detector):
         parts.append(g[right])
     require(bool(parts), "grood: no fit row is classified correctly (label = argmax of the "
             "logits), so the gradient bank is empty.")
-    return {"protos": protos, "valid": ok, "noise": noise,
-            "bank": jnp.asarray(np.concatenate(parts))}
+    # zero rows up to the fit set's row count (a multiple of 64): the bank's shape, so the
+    # score's compilation, depends on the fit set's size only, not on how many rows are correct
+    bank = np.concatenate(parts)
+    padded = np.zeros((total + (-total) % 64, bank.shape[1]), np.float32)
+    padded[:len(bank)] = bank
+    return {"protos": protos, "valid": ok, "noise": noise, "bank": jnp.asarray(padded),
+            "n": jnp.asarray(len(bank), jnp.int32)}
 
   def _score(self, state, features, logits):
     g = grood_gradients(features, state["protos"], state["valid"], state["noise"])
-    return -nearest_sq_dist(g, state["bank"], query_block=int(self.hparams["query_block"]),
+    return -nearest_sq_dist(g, state["bank"], state["n"],
+                            query_block=int(self.hparams["query_block"]),
                             bank_block=int(self.hparams["bank_block"]))

@@ -55,6 +55,18 @@ def test_grood_equals_reference(data):
   assert_scores(fit_score("grood", fit, test, head, **blocks), ref_grood(fit, test), rtol=RTOL)
 
 
+def test_cfood_accelerator_sort_equals_host_partition(monkeypatch):
+  """The fit's order statistics: jnp.sort (accelerators) and np.partition (CPU) give the same
+  state, bit for bit."""
+  fit, _, head = make_data(True, seed=3)
+  part = detectors.Outputs(fit.features[:200], None)
+  det = detectors.build("cfood", alpha=1.0)
+  host = det.fit(part)
+  monkeypatch.setattr(knn_lib.jax, "default_backend", lambda: "gpu")
+  device = det.fit(detectors.Outputs(fit.features[:200].copy(), None))
+  np.testing.assert_array_equal(np.asarray(device["knn_dist"]), np.asarray(host["knn_dist"]))
+
+
 def test_cfood_count_threshold_is_the_official_float32_test():
   """The official `count.float() / float(n) >= k` in torch float32, for every count."""
   for n, k in ((7, 0.01), (600, 0.01), (1000, 0.3), (12345, 0.001), (30, 1.0)):
