@@ -316,7 +316,7 @@ def reference(name, hp, fit, test, head):
     rho = np.empty((len(kpos), n))
     for i in range(0, n, 512):
       d = (ref[i:i + 512] ** 2).sum(1)[:, None] + sq[None] - 2 * ref[i:i + 512] @ ref.T
-      rho[:, i:i + 512] = np.partition(d, kpos + 1, axis=1)[:, kpos + 1].T
+      rho[:, i:i + 512] = np.sort(d, axis=1)[:, kpos + 1].T
     need = detectors.knn.cfood_count_threshold(n, hp["k"])
     v = unit(ht)
     out = np.empty(len(v))

@@ -570,9 +570,9 @@ def _cfood_block_sorted(block, ref, ref_sq, positions):
 def _cfood_self_knn(ref, positions: np.ndarray) -> np.ndarray:
   """For every reference row, its sorted squared distances to all reference rows (itself
   included, at the front) taken at `positions` + 1: [len(positions), n] float64. Row blocks of
-  ~2^24 distances; the order statistics by `jnp.sort` on an accelerator, by `np.partition` on
-  the host when JAX runs on the CPU (XLA's CPU sort is ~100x slower); both are exact, so the
-  values are the same."""
+  ~2^24 distances, sorted by `jnp.sort` on an accelerator, by `np.sort` on the host when JAX
+  runs on the CPU (XLA's CPU sort is ~100x slower); both are exact, so the values are the
+  same."""
   n = ref.shape[0]
   rows = max(1, min(n, (1 << 24) // n))
   sq = jnp.sum(ref * ref, -1)
@@ -584,7 +584,7 @@ def _cfood_self_knn(ref, positions: np.ndarray) -> np.ndarray:
     blk = ref[lo:lo + rows]
     if on_cpu:
       d = np.asarray(_cfood_block_dists(blk, ref, sq))
-      part = np.partition(d, positions + 1, axis=1)[:, positions + 1]
+      part = np.sort(d, axis=1)[:, positions + 1]
     else:
       part = np.asarray(_cfood_block_sorted(blk, ref, sq, jnp.asarray(positions)))
     out[:, lo:lo + rows] = part.T

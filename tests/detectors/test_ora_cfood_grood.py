@@ -56,7 +56,7 @@ def test_grood_equals_reference(data):
 
 
 def test_cfood_accelerator_sort_equals_host_partition(monkeypatch):
-  """The fit's order statistics: jnp.sort (accelerators) and np.partition (CPU) give the same
+  """The fit's order statistics: jnp.sort (accelerators) and np.sort (CPU) give the same
   state, bit for bit."""
   fit, _, head = make_data(True, seed=3)
   part = detectors.Outputs(fit.features[:200], None)
