@@ -691,7 +691,7 @@ def nearest_sq_dist(queries, bank, n_valid, *, query_block: int, bank_block: int
   nq = math.ceil(n / qb)
   qs = jnp.pad(fc(queries), ((0, nq * qb - n), (0, 0))).reshape(nq, qb, -1)
   bb = max(1, min(bank_block, nl))
-  nb = math.ceil(nl / bb)
+  nb = (jnp.asarray(n_valid, jnp.int32) + bb - 1) // bb   # blocks holding valid rows only
   bank_sq = jnp.sum(bank * bank, -1)
 
   def one(q):
@@ -736,7 +736,7 @@ class GROOD(Detector):
   softmax (the official zero prototypes take part in both) (docs/detectors.md#grood)."""
   name, needs = "grood", frozenset({"features"})
   fit_needs = frozenset({"features", "logits", "labels"})
-  defaults = {"query_block": 512, "bank_block": 65536}
+  defaults = {"query_block": 512, "bank_block": 8192}
   score_only = frozenset({"query_block", "bank_block"})
 
   @classmethod
