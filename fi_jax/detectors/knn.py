@@ -727,7 +727,7 @@ class GROOD(Detector):
   option), and for every row the gradient g(h) of its nearest-centroid cross-entropy with
   respect to n (`grood_gradients`); the bank holds g of the fit rows the model classifies
   correctly (label = argmax z), as float32 rows (the official faiss index; zero rows pad the bank
-  to a power of two, never matched); s = -min_j
+  to the fit set's row count, never searched past the last correct row's block); s = -min_j
   |g(h) - g_j|^2 (faiss's squared L2 to the nearest bank row). Differences: the OpenOOD default
   builds n from OOD validation images (`use_val_ood`), the other options from generated noise
   or mixed images passed through the network: none of them is available to a post-hoc detector
@@ -736,7 +736,7 @@ class GROOD(Detector):
   softmax (the official zero prototypes take part in both) (docs/detectors.md#grood)."""
   name, needs = "grood", frozenset({"features"})
   fit_needs = frozenset({"features", "logits", "labels"})
-  defaults = {"query_block": 512, "bank_block": 8192}
+  defaults = {"query_block": 512, "bank_block": 2048}
   score_only = frozenset({"query_block", "bank_block"})
 
   @classmethod
@@ -754,8 +754,9 @@ class GROOD(Detector):
     protos = jnp.asarray(np.where(valid[:, None], means, 0.0), cd)
     noise = jnp.asarray(np.asarray(means, np.float64)[valid].mean(0), cd)
     ok = jnp.asarray(valid)
-    parts = []
+    parts, total = [], 0
     for _, chunk in stats.chunks(train):
+      total += stats.num_rows(chunk)
       require(chunk.logits is not None and chunk.labels is not None,
               "grood needs fit Outputs with features, logits and labels.")
       right = np.asarray(chunk.labels) == np.asarray(chunk.logits).argmax(-1)
@@ -764,10 +765,11 @@ class GROOD(Detector):
         parts.append(g[right])
     require(bool(parts), "grood: no fit row is classified correctly (label = argmax of the "
             "logits), so the gradient bank is empty.")
-    # zero rows up to the next power of two (at least 64): fits with similar numbers of
-    # correct rows share the score's compilation; the padding is never searched past a block
+    # zero rows up to the fit set's row count (a multiple of 64): the bank's shape, so the
+    # score's compilation, depends on the fit set's size only, not on how many rows are
+    # correct; the search stops at the block holding the last correct row
     bank = np.concatenate(parts)
-    padded = np.zeros((max(64, 1 << (len(bank) - 1).bit_length()), bank.shape[1]), np.float32)
+    padded = np.zeros((total + (-total) % 64, bank.shape[1]), np.float32)
     padded[:len(bank)] = bank
     return {"protos": protos, "valid": ok, "noise": noise, "bank": jnp.asarray(padded),
             "n": jnp.asarray(len(bank), jnp.int32)}
