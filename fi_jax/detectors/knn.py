@@ -759,10 +759,11 @@ class GROOD(Detector):
       total += stats.num_rows(chunk)
       require(chunk.logits is not None and chunk.labels is not None,
               "grood needs fit Outputs with features, logits and labels.")
-      right = np.asarray(chunk.labels) == np.asarray(chunk.logits).argmax(-1)
-      if right.any():
-        g = np.asarray(grood_gradients(chunk.features, protos, ok, noise), np.float32)
-        parts.append(g[right])
+      idx = np.nonzero(np.asarray(chunk.labels) == np.asarray(chunk.logits).argmax(-1))[0]
+      if len(idx):      # only the correct rows, padded to a power of two (few compilations)
+        rows = np.asarray(chunk.features)[np.resize(idx, max(64, 1 << (len(idx) - 1).bit_length()))]
+        g = np.asarray(grood_gradients(rows, protos, ok, noise), np.float32)
+        parts.append(g[:len(idx)])
     require(bool(parts), "grood: no fit row is classified correctly (label = argmax of the "
             "logits), so the gradient bank is empty.")
     # zero rows up to the fit set's row count (a multiple of 64): the bank's shape, so the
