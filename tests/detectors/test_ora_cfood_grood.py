@@ -55,7 +55,7 @@ def test_grood_equals_reference(data):
   assert_scores(fit_score("grood", fit, test, head, **blocks), ref_grood(fit, test), rtol=RTOL)
 
 
-def test_cfood_accelerator_sort_equals_host_partition(monkeypatch):
+def test_cfood_accelerator_sort_equals_host_sort(monkeypatch):
   """The fit's order statistics: jnp.sort (accelerators) and np.sort (CPU) give the same
   state, bit for bit."""
   fit, _, head = make_data(True, seed=3)
