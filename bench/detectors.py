@@ -288,6 +288,69 @@ def reference(name, hp, fit, test, head):
     cc = ht - hf.mean(0)
     wy = w.T[zt.argmax(1)]
     return (wy * cc).sum(1) / np.linalg.norm(cc, axis=1) + hp["alpha"] * np.abs(ht).sum(1)
+  if name == "ora":
+    means, valid = _class_means(hf, yf, c)
+    u = ht - means[valid].mean(0)
+    pred = zt.argmax(1)
+    t = np.empty_like(zt)
+    for i in range(0, len(zt), 4096):          # in row blocks: bounded [rows, C] temporaries
+      sl = slice(i, i + 4096)
+      dw = w[:, pred[sl]].T @ w                                   # w_yhat . w_c
+      dw2 = (w * w).sum(0)[pred[sl]][:, None] + (w * w).sum(0)[None] - 2 * dw
+      uw = u[sl] @ w
+      udw = uw[np.arange(len(uw)), pred[sl]][:, None] - uw
+      with np.errstate(divide="ignore", invalid="ignore"):
+        tt = (zt[sl].max(1)[:, None] - zt[sl]) / dw2
+        uu = (u[sl] * u[sl]).sum(1)[:, None]
+        cos = (uu - tt * udw) / (np.sqrt(uu) * np.sqrt(uu - 2 * tt * udw + tt * tt * dw2))
+        ang = np.arccos(np.clip(cos, -1, 1)) / np.pi
+      t[sl] = np.where(dw2 > 0, ang, 0.0)
+    return t.max(1)
+  if name == "cfood":
+    keep = np.concatenate([stats.bernoulli_mask(hp["seed"], s, len(ch.features), hp["alpha"])
+                           for s, ch in stats.chunks(fit)]) if hp["alpha"] < 1 else slice(None)
+    unit = lambda x: x / (np.linalg.norm(x, axis=1, keepdims=True) + 1e-10)
+    ref = unit(hf[keep])
+    n, sq = len(ref), (ref * ref).sum(1)
+    kval, kpos = detectors.knn.cfood_grid(n)
+    rho = np.empty((len(kpos), n))
+    for i in range(0, n, 512):
+      d = (ref[i:i + 512] ** 2).sum(1)[:, None] + sq[None] - 2 * ref[i:i + 512] @ ref.T
+      rho[:, i:i + 512] = np.sort(d, axis=1)[:, kpos + 1].T
+    need = detectors.knn.cfood_count_threshold(n, hp["k"])
+    v = unit(ht)
+    out = np.empty(len(v))
+    for i in range(0, len(v), 256):
+      d = (v[i:i + 256] ** 2).sum(1)[:, None] + sq[None] - 2 * v[i:i + 256] @ ref.T
+      lo, hi = np.zeros(len(d), int), np.full(len(d), len(kval))
+      while (lo < hi).any():                  # smallest grid index with enough neighbourhoods
+        mid = (lo + hi) // 2
+        ok = (lo < hi) & ((rho[np.minimum(mid, len(kval) - 1)] >= d).sum(1) >= need)
+        lo, hi = np.where((lo < hi) & ~ok, mid + 1, lo), np.where(ok, mid, hi)
+      out[i:i + 256] = -np.where(lo < len(kval), kval[np.minimum(lo, len(kval) - 1)], 1.0)
+    return out
+  if name == "grood":
+    means, valid = _class_means(hf, yf, c)
+    protos, noise = means[valid], means[valid].mean(0)
+
+    def grads(h):
+      g = np.empty_like(h)
+      for i in range(0, len(h), 4096):
+        x = h[i:i + 4096]
+        dc = np.sqrt(np.maximum((x * x).sum(1)[:, None] + (protos * protos).sum(1)[None]
+                                - 2 * x @ protos.T, 0))
+        diff = x - noise
+        dn = np.linalg.norm(diff, axis=1)
+        s = np.concatenate([-dc, -dn[:, None]], 1)
+        p = np.exp(-dn - _lse(s))
+        g[i:i + 4096] = (p / np.maximum(dn, 1e-12))[:, None] * diff
+      return g
+    bank = grads(hf)[yf == zf.argmax(1)].astype(np.float32)
+    index = faiss.IndexFlatL2(hf.shape[1])
+    index.add(bank)
+    g = grads(ht)
+    _, idx = index.search(g.astype(np.float32), 1)
+    return -((g - bank[idx[:, 0]].astype(np.float64)) ** 2).sum(1)
   if name == "gradnorm":
     p = np.exp(zt - _lse(zt)[:, None])
     return np.abs(ht).sum(1) * np.abs(c * p - 1).sum(1)

@@ -19,6 +19,7 @@ NAMES: tuple[str, ...] = (
     "nci", "gradnorm", "cosine", "relative_cosine", "mcm", "weiper_kld", "weiper", "optfs",
     "bats", "line", "mds_pp", "rmds_pp", "ssd", "neco", "relation", "openmax", "vra",
     "adascale_a", "adascale_l", "combood", "rankfeat", "iodin", "mdsens", "gram",
+    "ora", "cfood", "grood",
 )
 INPUT_GRADIENT: frozenset[str] = frozenset(
     ("odin", "adascale_a", "adascale_l", "rankfeat", "iodin"))

@@ -15,8 +15,8 @@ evaluate keep their paper default), 'openood' (OpenOOD v1.5 defaults); None = th
 
 Families: logit.py (msp, maxlogit, energy, tempscale, gen, klm), activation.py (react, vra,
 ash_p, ash_b, ash_s, scale, dice, bats, optfs, line), distance.py (mds, rmds, mds_pp, rmds_pp,
-ssd, residual, vim, neco, she, cosine, relative_cosine, fdbd, nci), knn.py (knn, nnguide,
-relation, combood), openmax.py (openmax), gradient.py (odin, iodin, gradnorm,
+ssd, residual, vim, neco, she, cosine, relative_cosine, fdbd, nci, ora), knn.py (knn, nnguide,
+relation, combood, cfood, grood), openmax.py (openmax), gradient.py (odin, iodin, gradnorm,
 adascale_a, adascale_l), rankfeat.py (rankfeat: ResNet, BiT ResNetV2 and ViT-encoder models),
 vision_language.py (mcm), weiper.py (weiper, weiper_kld), intermediate.py (mdsens, gram:
 intermediate blocks, fi_jax/extract/layer_columns.py); stats.py holds the streaming statistics every fit uses.
@@ -68,6 +68,7 @@ _CLASSES = (
     distance.MDSpp, distance.RMDSpp, distance.SSD, distance.NECO, knn.Relation, openmax.OpenMax,
     activation.VRA, gradient.AdaSCALEA, gradient.AdaSCALEL, knn.CombOOD, rankfeat.RankFeat,
     gradient.IODIN, intermediate.MDSEnsemble, intermediate.Gram,
+    distance.ORA, knn.CFOOD, knn.GROOD,
 )
 REGISTRY: dict[str, type[Detector]] = {c.name: c for c in _CLASSES}
 

@@ -1,5 +1,5 @@
 """Feature-space scores: MDS, RMDS, MDS++, RMDS++, SSD, Residual, ViM, NECO, SHE, cosine,
-relative cosine, fDBD, NCI (docs/detectors.md#feature-space-scores). Statistics are float64 streaming sums (stats.py); linear
+relative cosine, fDBD, NCI, ORA (docs/detectors.md#feature-space-scores). Statistics are float64 streaming sums (stats.py); linear
 algebra (eigh, pinv) and
 quadratic forms run in the compute dtype (float64 under x64).
 
@@ -536,3 +536,57 @@ class NCI(Detector):
     return jnp.where(jnp.any(c != 0, -1),
                      jnp.sum(wy * c, -1) / jnp.linalg.norm(c, axis=-1) + l1, l1)
 
+
+
+# ----------------------------------------------------------------------------- ORA
+
+@jax.jit
+def _gram_columns(w):
+  """W^T W [C, C] of the head's weights (compute dtype)."""
+  w = jnp.asarray(w, cdtype())
+  return matmul(w.T, w)
+
+
+class ORA(Detector):
+  """ORA, OOD detection with relative angles (Demirel et al., NeurIPS 2025; authors' code
+  berkerdemirel/ORA-OOD-Detection-with-Relative-Angles@58d0733283c73a291d254696d6a4084b84a78f97
+  util/ood_methods.py `ora_score`, OpenOOD PR #311 `ORAPostprocessor`). With m the mean of the
+  class means of the fit features (true labels), yhat = argmax z and, for every class c, the
+  projection of h onto the decision boundary between yhat and c,
+      h_c = h - (z_yhat - z_c) / |w_yhat - w_c|^2 (w_yhat - w_c),
+  the angle theta_c = arccos(cos(h - m, h_c - m)) / pi and s = max_c theta_c (the official
+  aggregation; no hyper-parameter). A class whose angle is undefined (c = yhat, or
+  w_c = w_yhat: 0/0) counts as 0, as the official code's NaN -> 0. Empty fit classes are
+  left out of m (the official mean over all C class means would be NaN). Everything in the
+  compute dtype; the cosine is clipped to [-1, 1] (the official float32 arccos of a rounded
+  cosine above 1 is NaN -> 0, an angle within rounding of 0 either way)."""
+  name, needs = "ora", frozenset({"features", "logits", "head"})
+  fit_needs = frozenset({"features", "labels"})
+
+  def _fit(self, train, head):
+    c, train = _peek_classes(train, head)
+    st = stats.moments(train, num_classes=c, group="label")
+    means, valid = stats.class_means(st)
+    cd = cdtype()
+    centre = np.asarray(means, np.float64)[valid].mean(0)
+    return {"w": jnp.asarray(head.w, cd), "gram": _gram_columns(head.w),
+            "centre": jnp.asarray(centre, cd)}
+
+  def _score(self, state, features, logits):
+    z = fc(logits)
+    pred = jnp.argmax(z, -1)
+    dz = jnp.max(z, -1, keepdims=True) - z                          # z_yhat - z_c >= 0
+    g = state["gram"]
+    gp = g[pred]                                                    # w_yhat . w_c  [N, C]
+    dw2 = jnp.diagonal(g)[pred][:, None] + jnp.diagonal(g)[None, :] - 2.0 * gp
+    u = fc(features) - state["centre"]
+    uw = matmul(u, state["w"])                                      # u . w_c
+    udw = jnp.take_along_axis(uw, pred[:, None], -1) - uw           # u . (w_yhat - w_c)
+    ok = dw2 > 0
+    t = jnp.where(ok, dz / jnp.where(ok, dw2, 1.0), 0.0)
+    uu = jnp.sum(u * u, -1, keepdims=True)
+    dot = uu - t * udw                                              # u . (u - t dw)
+    vv = jnp.maximum(uu - 2.0 * t * udw + t * t * dw2, 0.0)         # |u - t dw|^2
+    den = jnp.maximum(jnp.sqrt(uu), 1e-12) * jnp.maximum(jnp.sqrt(vv), 1e-12)
+    theta = jnp.arccos(jnp.clip(dot / den, -1.0, 1.0)) / jnp.pi
+    return jnp.max(jnp.where(ok, theta, 0.0), -1)

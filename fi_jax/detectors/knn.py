@@ -1,4 +1,4 @@
-"""Nearest-neighbour scores: KNN, NNGuide, Relation and CombOOD
+"""Nearest-neighbour scores: KNN, NNGuide, Relation, CombOOD, CFOOD and GROOD
 (docs/detectors.md#nearest-neighbour-scores),
 exact, blockwise, optionally sharded.
 
@@ -520,3 +520,263 @@ class _UnitWithBank:
       require(chunk.features is not None, "combood needs fit Outputs with features.")
       self.parts.append(np.asarray(_normalize32(chunk.features)))
       yield Outputs(_unit(chunk.features), None, None)
+
+
+# ----------------------------------------------------------------------------- CFOOD
+
+# The official grid of neighbourhood fractions kappa (OpenOOD cfood_postprocessor.py).
+CFOOD_KAPPAS = np.concatenate((np.linspace(0.001, 0.1, 100), np.linspace(0.105, 0.5, 81),
+                               np.linspace(0.51, 0.99, 49)))
+
+
+def cfood_grid(n: int) -> tuple[np.ndarray, np.ndarray]:
+  """(kappas, positions) for a reference set of n rows: position int(kappa n - 1) (truncated,
+  as the official `np.array(kval * n - 1, dtype=int)`), keeping a kappa only where its position
+  is above the previous kept one."""
+  pos = np.array(CFOOD_KAPPAS * n - 1, dtype=int)
+  keep = np.concatenate(([True], pos[:-1] < pos[1:]))
+  return CFOOD_KAPPAS[keep], pos[keep]
+
+
+def cfood_count_threshold(n: int, k: float) -> int:
+  """The smallest count M with float32(M) / float32(n) >= float32(k): the official test
+  `count / n >= k` on float32 counts."""
+  frac = np.arange(n + 1, dtype=np.float32) / np.float32(n)
+  return int(np.argmax(frac >= np.float32(k)))
+
+
+@jax.jit
+def _unit_eps(h):
+  """h / (|h| + 1e-10) in the compute dtype (the official normalisation)."""
+  h = fc(h)
+  return h / (jnp.linalg.norm(h, axis=-1, keepdims=True) + 1e-10)
+
+
+def _sq_dists(a, b, b_sq):
+  """|a_i - b_j|^2 [Na, Nb] in the compute dtype (a, b unit rows: no harmful cancellation)."""
+  return jnp.sum(a * a, -1, keepdims=True) + b_sq[None, :] - 2.0 * matmul(a, b.T)
+
+
+@jax.jit
+def _cfood_block_dists(block, ref, ref_sq):
+  return _sq_dists(block, ref, ref_sq)
+
+
+@jax.jit
+def _cfood_block_sorted(block, ref, ref_sq, positions):
+  return jnp.sort(_sq_dists(block, ref, ref_sq), axis=-1)[:, positions + 1]
+
+
+def _cfood_self_knn(ref, positions: np.ndarray) -> np.ndarray:
+  """For every reference row, its sorted squared distances to all reference rows (itself
+  included, at the front) taken at `positions` + 1: [len(positions), n] float64. Row blocks of
+  ~2^24 distances, sorted by `jnp.sort` on an accelerator, by `np.sort` on the host when JAX
+  runs on the CPU (XLA's CPU sort is ~100x slower); both are exact, so the values are the
+  same."""
+  n = ref.shape[0]
+  rows = max(1, min(n, (1 << 24) // n))
+  sq = jnp.sum(ref * ref, -1)
+  on_cpu = jax.default_backend() == "cpu"
+  out = np.empty((len(positions), n))
+  for start in range(0, n, rows):
+    # the last block is clamped to the end (one compiled shape); its rows seen before are rewritten
+    lo = min(start, n - rows)
+    blk = ref[lo:lo + rows]
+    if on_cpu:
+      d = np.asarray(_cfood_block_dists(blk, ref, sq))
+      part = np.sort(d, axis=1)[:, positions + 1]
+    else:
+      part = np.asarray(_cfood_block_sorted(blk, ref, sq, jnp.asarray(positions)))
+    out[:, lo:lo + rows] = part.T
+  return out
+
+
+class CFOOD(Detector):
+  """CFOOD (OpenOOD `CFOODPostprocessor`, openood/postprocessors/cfood_postprocessor.py @
+  a3eb335eb23bf944224f2f635983f31c3fac281d, configs/postprocessors/cfood.yml @ 84ab0ae): a
+  reference set R of n unit fit features h / (|h| + 1e-10) (a seeded alpha fraction of the fit
+  rows), and for every r_i its squared L2 distance rho_i(kappa) to its (int(kappa n - 1) + 1)-th
+  nearest other reference row, for kappa on a fixed grid of 230 fractions in [0.001, 0.99]
+  (`CFOOD_KAPPAS`; repeated positions dropped). A test row v at squared distance d_i to r_i is
+  inside r_i's kappa-neighbourhood when rho_i(kappa) >= d_i; kappa(v) is the smallest grid
+  kappa for which at least a fraction k of the reference rows hold v in theirs (1 if none) and
+  s = -kappa(v). alpha = 0.1, k = 0.01 (the OpenOOD config). Differences: the official subset
+  is int(alpha N) rows of an unseeded `torch.randperm`; here each fit row is kept with
+  probability alpha by a hash of its row index and `seed` (reproducible, independent of
+  batching; alpha = 1 keeps every row). Distances are float64 (the official code's float32),
+  the fraction test `count / n >= k` is the official float32 one. Scores take at most 231
+  values (docs/detectors.md#cfood)."""
+  name, needs = "cfood", frozenset({"features"})
+  fit_needs = frozenset({"features"})
+  defaults = {"alpha": 0.1, "k": 0.01, "seed": 0, "query_block": 256}
+  score_only = frozenset({"k", "query_block"})
+
+  @classmethod
+  def validate(cls, hp):
+    check_number("cfood", hp, "alpha", lo=0, hi=1, lo_open=True)
+    check_number("cfood", hp, "k", lo=0, hi=1, lo_open=True)
+    check_seed("cfood", hp)
+    check_number("cfood", hp, "query_block", lo=1, integer=True)
+
+  def _fit(self, train, head):
+    alpha, parts = float(self.hparams["alpha"]), []
+    for start, chunk in stats.chunks(train):
+      require(chunk.features is not None, "cfood needs fit Outputs with features.")
+      h = np.asarray(_unit_eps(chunk.features))
+      if alpha < 1.0:
+        h = h[stats.bernoulli_mask(self.hparams["seed"], start, len(h), alpha)]
+      parts.append(h)
+    ref = np.concatenate(parts) if parts else np.zeros((0, 0))
+    n = len(ref)
+    require(n >= 2, f"cfood: the reference set (alpha={alpha} of the fit rows) has {n} rows; it "
+            "needs at least 2: use a larger fit set or alpha.")
+    kappas, positions = cfood_grid(n)
+    ref = jnp.asarray(ref, cdtype())
+    return {"ref": ref, "ref_sq": jnp.sum(ref * ref, -1),
+            "knn_dist": jnp.asarray(_cfood_self_knn(ref, positions), cdtype()),
+            "kappas": jnp.asarray(kappas, cdtype()),
+            "count": jnp.asarray(cfood_count_threshold(n, float(self.hparams["k"])), jnp.int32)}
+
+  def _score(self, state, features, logits):
+    knn_dist, kappas, need = state["knn_dist"], state["kappas"], state["count"]
+    nk = knn_dist.shape[0]
+    qb = max(1, min(int(self.hparams["query_block"]), features.shape[0]))
+    nq = math.ceil(features.shape[0] / qb)
+    v = _unit_eps(features)
+    v = jnp.pad(v, ((0, nq * qb - v.shape[0]), (0, 0))).reshape(nq, qb, -1)
+
+    def one(q):
+      d = _sq_dists(q, state["ref"], state["ref_sq"])                   # [qb, n]
+      # smallest grid index j with #{i: rho_i(j) >= d_i} >= count (nk: none); the count is
+      # non-decreasing in j (each rho_i is), so a binary search over j
+      lo, hi = jnp.zeros(qb, jnp.int32), jnp.full(qb, nk, jnp.int32)
+      for _ in range(max(1, int(nk).bit_length())):
+        mid = (lo + hi) // 2
+        inside = jnp.sum(knn_dist[jnp.minimum(mid, nk - 1)] >= d, -1)
+        ok = (mid < nk) & (inside >= need)
+        lo, hi = jnp.where(ok | (lo >= hi), lo, mid + 1), jnp.where(ok, mid, hi)
+      return -jnp.where(lo < nk, kappas[jnp.minimum(lo, nk - 1)], 1.0)
+    return lax.map(one, v).reshape(-1)[:features.shape[0]]
+
+
+# ----------------------------------------------------------------------------- GROOD
+
+@jax.jit
+def grood_gradients(features, protos, valid, noise):
+  """GROOD's gradient of the nearest-class-centroid cross-entropy with respect to the noise
+  prototype n, in the compute dtype: with scores s_c = -|h - P_c| over the non-empty classes
+  and s_n = -|h - n|, the loss -s_yhat + LSE(s) has d/dn = softmax(s)_n (h - n) / |h - n|
+  (whatever the pseudo-label yhat, a class). |h - n| < 1e-12 divides by 1e-12
+  (torch F.normalize)."""
+  h = fc(features)
+  d_c = jnp.sqrt(jnp.maximum(jnp.sum(h * h, -1, keepdims=True) + jnp.sum(protos * protos, -1)
+                             - 2.0 * matmul(h, protos.T), 0.0))
+  diff = h - noise
+  d_n = jnp.linalg.norm(diff, axis=-1)
+  s = jnp.concatenate([jnp.where(valid[None, :], -d_c, -jnp.inf), -d_n[:, None]], -1)
+  p_noise = jnp.exp(-d_n - jax.nn.logsumexp(s, -1))
+  return (p_noise / jnp.maximum(d_n, 1e-12))[:, None] * diff
+
+
+@functools.partial(jax.jit, static_argnames=("query_block", "bank_block"))
+def nearest_sq_dist(queries, bank, n_valid, *, query_block: int, bank_block: int):
+  """min_j |q - b_j|^2 over the first n_valid bank rows, for every query row (compute dtype):
+  the nearest bank row is chosen on
+  float32 distances |b_j|^2 - 2 q.b_j at HIGHEST precision (as faiss IndexFlatL2, first index
+  on ties), and its distance recomputed in the compute dtype from the float32 row. Bank blocks
+  of bank_block rows (the last one clamped to the end of the bank, its rows already seen
+  masked), query blocks of query_block rows."""
+  n, nl = queries.shape[0], bank.shape[0]
+  qb = max(1, min(query_block, n))
+  nq = math.ceil(n / qb)
+  qs = jnp.pad(fc(queries), ((0, nq * qb - n), (0, 0))).reshape(nq, qb, -1)
+  bb = max(1, min(bank_block, nl))
+  nb = (jnp.asarray(n_valid, jnp.int32) + bb - 1) // bb   # blocks holding valid rows only
+  bank_sq = jnp.sum(bank * bank, -1)
+
+  def one(q):
+    q32 = q.astype(jnp.float32)
+
+    def block(i, best):
+      start = jnp.minimum(i * bb, nl - bb)
+      blk = lax.dynamic_slice_in_dim(bank, start, bb, axis=0)
+      sq = lax.dynamic_slice_in_dim(bank_sq, start, bb, axis=0)
+      d = sq[None, :] - 2.0 * lax.dot_general(q32, blk, (((1,), (1,)), ((), ())),
+                                              precision=HIGHEST,
+                                              preferred_element_type=jnp.float32)
+      rows = start + jnp.arange(bb)
+      d = jnp.where(((rows >= i * bb) & (rows < n_valid))[None, :], d, jnp.inf)
+      j = jnp.argmin(d, -1)
+      dj = jnp.take_along_axis(d, j[:, None], -1)[:, 0]
+      better = dj < best[0]
+      return (jnp.where(better, dj, best[0]),
+              jnp.where(better, (start + j).astype(jnp.int32), best[1]))
+    init = (jnp.full(qb, jnp.inf, jnp.float32), jnp.zeros(qb, jnp.int32))
+    _, idx = lax.fori_loop(0, nb, block, init)
+    diff = q - fc(bank[idx])
+    return jnp.sum(diff * diff, -1)
+  return lax.map(one, qs).reshape(-1)[:n]
+
+
+class GROOD(Detector):
+  """GROOD, gradient-aware OOD detection (ElAraby et al.; OpenOOD `GrOODPostprocessor`,
+  openood/postprocessors/grood.py @ 539b8054d66345401a9a21bc4f565722ce36f485,
+  configs/postprocessors/grood.yaml @ 3c35632ee91b54b09d1f085d04f94744cece7d0b), its
+  feature-only variant: class prototypes P_c = the mean fit feature of class c (true labels),
+  the OOD ("noise") prototype n = the mean of the prototypes (the official `use_proto_mean`
+  option), and for every row the gradient g(h) of its nearest-centroid cross-entropy with
+  respect to n (`grood_gradients`); the bank holds g of the fit rows the model classifies
+  correctly (label = argmax z), as float32 rows (the official faiss index; zero rows pad the bank
+  to the fit set's row count, never searched past the last correct row's block); s = -min_j
+  |g(h) - g_j|^2 (faiss's squared L2 to the nearest bank row). Differences: the OpenOOD default
+  builds n from OOD validation images (`use_val_ood`), the other options from generated noise
+  or mixed images passed through the network: none of them is available to a post-hoc detector
+  on an ID fit set. The official index is an approximate IndexIVFFlat (nprobe 4); here the
+  search is exact. Empty fit classes are left out of the prototypes, their mean and the
+  softmax (the official zero prototypes take part in both) (docs/detectors.md#grood)."""
+  name, needs = "grood", frozenset({"features"})
+  fit_needs = frozenset({"features", "logits", "labels"})
+  defaults = {"query_block": 512, "bank_block": 2048}
+  score_only = frozenset({"query_block", "bank_block"})
+
+  @classmethod
+  def validate(cls, hp):
+    for key in ("query_block", "bank_block"):
+      check_number("grood", hp, key, lo=1, integer=True)
+
+  def _fit(self, train, head):
+    c, train = distance._peek_classes(train, head)
+    if not stats.is_reiterable(train):                  # two passes: keep the one-shot chunks
+      train = [chunk for _, chunk in stats.chunks(train)]
+    st = stats.moments(train, num_classes=c, group="label")
+    means, valid = stats.class_means(st)
+    cd = cdtype()
+    protos = jnp.asarray(np.where(valid[:, None], means, 0.0), cd)
+    noise = jnp.asarray(np.asarray(means, np.float64)[valid].mean(0), cd)
+    ok = jnp.asarray(valid)
+    parts, total = [], 0
+    for _, chunk in stats.chunks(train):
+      total += stats.num_rows(chunk)
+      require(chunk.logits is not None and chunk.labels is not None,
+              "grood needs fit Outputs with features, logits and labels.")
+      idx = np.nonzero(np.asarray(chunk.labels) == np.asarray(chunk.logits).argmax(-1))[0]
+      if len(idx):      # only the correct rows, padded to a power of two (few compilations)
+        rows = np.asarray(chunk.features)[np.resize(idx, max(64, 1 << (len(idx) - 1).bit_length()))]
+        g = np.asarray(grood_gradients(rows, protos, ok, noise), np.float32)
+        parts.append(g[:len(idx)])
+    require(bool(parts), "grood: no fit row is classified correctly (label = argmax of the "
+            "logits), so the gradient bank is empty.")
+    # zero rows up to the fit set's row count (a multiple of 64): the bank's shape, so the
+    # score's compilation, depends on the fit set's size only, not on how many rows are
+    # correct; the search stops at the block holding the last correct row
+    bank = np.concatenate(parts)
+    padded = np.zeros((total + (-total) % 64, bank.shape[1]), np.float32)
+    padded[:len(bank)] = bank
+    return {"protos": protos, "valid": ok, "noise": noise, "bank": jnp.asarray(padded),
+            "n": jnp.asarray(len(bank), jnp.int32)}
+
+  def _score(self, state, features, logits):
+    g = grood_gradients(features, state["protos"], state["valid"], state["noise"])
+    return -nearest_sq_dist(g, state["bank"], state["n"],
+                            query_block=int(self.hparams["query_block"]),
+                            bank_block=int(self.hparams["bank_block"]))

@@ -117,3 +117,73 @@ def ref_ash(h, pct, mode):
 
 def energy_np(h, head):
   return scipy.special.logsumexp(f64(h) @ f64(head.w) + f64(head.b), axis=1)
+
+
+# ----------------------------------------------------------------------------- third wave
+
+def ref_ora(fit, test, head):
+  """ORA as the authors' `ora_score` (berkerdemirel/ORA-OOD-Detection-with-Relative-Angles @
+  58d0733, util/ood_methods.py), class by class in float64: the angle between h - m and its
+  projection onto the boundary between the predicted class and c (both minus m = the mean of
+  the class means), over pi; NaN (c = the prediction) -> 0; the max over classes. The class
+  means are those of the non-empty fit classes."""
+  m = np.mean(list(ref_class_means(fit).values()), 0)
+  w = f64(head.w).T                                       # [C, D], as torch's fc.weight
+  ht, zt = f64(test.features), f64(test.logits)
+  pred, zmax = zt.argmax(1), zt.max(1)
+  unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+  angles = np.zeros((len(ht), w.shape[0]))
+  with np.errstate(divide="ignore", invalid="ignore"):
+    for c in range(w.shape[0]):
+      dw = w[pred] - w[c]
+      on_boundary = ht - ((zmax - zt[:, c]) / np.linalg.norm(dw, axis=1) ** 2)[:, None] * dw
+      cos = np.sum(unit(ht - m) * unit(on_boundary - m), 1)
+      angles[:, c] = np.arccos(cos) / np.pi
+  angles[np.isnan(angles)] = 0
+  return angles.max(1)
+
+
+def ref_cfood(fit_features, test_features, k):
+  """CFOOD as OpenOOD's `CFOODPostprocessor` (a3eb335), row by row: reference rows
+  h / (|h| + 1e-10), each one's sorted squared distances to all reference rows at the grid
+  positions + 1, and per test row the first grid kappa where the float32 fraction of reference
+  rows whose kappa-distance is >= the test row's distance reaches k; score -kappa."""
+  nrm = lambda x: f64(x) / (np.linalg.norm(f64(x), axis=1, keepdims=True) + 1e-10)
+  ref, n = nrm(fit_features), len(fit_features)
+  kval = np.concatenate((np.linspace(0.001, 0.1, 100), np.linspace(0.105, 0.5, 81),
+                         np.linspace(0.51, 0.99, 49)))
+  kpos = np.array(kval * n - 1, dtype=int)
+  keep = np.concatenate(([True], kpos[:-1] < kpos[1:]))
+  kval, kpos = kval[keep], kpos[keep]
+  knndst = np.stack([np.sort(np.sum((r - ref) ** 2, 1))[kpos + 1] for r in ref])
+  out = []
+  for v in nrm(test_features):
+    dst = np.sum((v - ref) ** 2, 1)
+    count = (knndst >= dst[:, None]).sum(0).astype(np.float32) / np.float32(n)
+    pos = np.nonzero(count >= np.float32(k))[0]
+    out.append(-(kval[pos[0]] if len(pos) else 1.0))
+  return np.asarray(out)
+
+
+def ref_grood(fit, test):
+  """GROOD (OpenOOD grood.py @ 539b805, `_compute_grad_directly` with `use_proto_mean`): the
+  noise-prototype gradient p_noise (h - n) / |h - n| of every row, the bank of the correctly
+  classified fit rows' gradients in float32 (the faiss index), score = -(squared L2 distance
+  to the nearest bank row), exact."""
+  means = ref_class_means(fit)
+  protos = np.stack(list(means.values()))
+  noise = protos.mean(0)
+
+  def grads(h):
+    h = f64(h)
+    d = np.linalg.norm(h[:, None, :] - protos[None], axis=2)
+    diff = h - noise
+    dn = np.linalg.norm(diff, axis=1)
+    s = np.concatenate([-d, -dn[:, None]], 1)
+    p = np.exp(s - scipy.special.logsumexp(s, axis=1, keepdims=True))[:, -1]
+    return p[:, None] * diff / np.maximum(dn, 1e-12)[:, None]
+  right = np.asarray(fit.labels) == np.asarray(fit.logits).argmax(1)
+  bank = grads(fit.features)[right].astype(np.float32).astype(np.float64)
+  g = grads(test.features)
+  d2 = ((g[:, None, :] - bank[None]) ** 2).sum(-1)
+  return -d2.min(1)
