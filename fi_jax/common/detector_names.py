@@ -16,7 +16,8 @@ import difflib
 NAMES: tuple[str, ...] = (
     "msp", "maxlogit", "energy", "tempscale", "odin", "gen", "klm", "react", "ash_p", "ash_b",
     "ash_s", "scale", "she", "dice", "mds", "rmds", "residual", "vim", "knn", "nnguide", "fdbd",
-    "nci", "gradnorm", "cosine", "relative_cosine", "mcm", "weiper_kld", "weiper", "optfs",
+    "nci", "gradnorm", "cosine", "relative_cosine", "mcm", "neglabel", "csp",
+    "weiper_kld", "weiper", "optfs",
     "bats", "line", "mds_pp", "rmds_pp", "ssd", "neco", "relation", "openmax", "vra",
     "adascale_a", "adascale_l", "combood", "rankfeat", "iodin", "mdsens", "gram",
 )
