@@ -156,27 +156,37 @@ def class_prompts_for_bank(bank: str, names: Sequence[str]) -> list[list[str]]:
 
 def _mean_embeddings(embed_raw: EmbedFn, prompts: list[list[str]], what: str) -> np.ndarray:
   """[M, E] float32: per row, the normalised mean of its prompts' raw embeddings."""
-  sizes = {len(p) for p in prompts}
-  if len(sizes) != 1:
-    raise ValueError(f"{what}: every label needs the same number of prompts, got {sorted(sizes)}.")
+  counts = np.asarray([len(p) for p in prompts])
+  if counts.size == 0 or counts.min() < 1:
+    raise ValueError(f"{what}: every label needs at least one prompt (and there must be labels).")
   flat = [p for ps in prompts for p in ps]
   bar, chunks, step = progress.bar(len(flat), what, unit="prompt"), [], 8192
   for i in range(0, len(flat), step):
     chunks.append(np.asarray(embed_raw(flat[i:i + step]), np.float64))
     bar.update(len(flat[i:i + step]))
   bar.close()
-  emb = np.concatenate(chunks).reshape(len(prompts), sizes.pop(), -1).mean(axis=1)
+  starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+  emb = np.add.reduceat(np.concatenate(chunks), starts, axis=0) / counts[:, None]
   return vit.l2_normalize(emb).astype(np.float32)
 
 
 def text_bank(embed_raw: EmbedFn, bank: str, class_names_: Optional[Sequence[str]] = None, *,
-              word_list: Optional[str] = None, seed: int = 0) -> dict[str, np.ndarray]:
+              word_list: Optional[str] = None, word_limit: int = 0,
+              seed: int = 0) -> dict[str, np.ndarray]:
   """The arrays of one text bank, keyed "<bank>/<name>": `emb` [M, E] float32 (the word list's
   labels, normalised), `lexfile` int32 [M] (WordNet's lexicographer-file number), `word` int32
   [M] (the index of the label's first row: equal labels of different files share it), `pos`
   [C, E] float32 (the ID class names in the bank's protocol). `embed_raw`: texts -> raw
-  (unnormalised) text embeddings; `word_list`: a file in fi_jax.data.wordnet_labels' format."""
+  (unnormalised) text embeddings; `word_list`: a file in fi_jax.data.wordnet_labels' format;
+  `word_limit` > 0: only the first `word_limit` labels of each section (small smoke runs)."""
   rows = wordnet_labels.load(word_list)
+  if word_limit:
+    kept, counts = [], {}
+    for lex, w in rows:
+      counts[lex] = counts.get(lex, 0) + 1
+      if counts[lex] <= word_limit:
+        kept.append((lex, w))
+    rows = kept
   codes = {v: k for k, v in wordnet_labels.LEXFILES.items()}
   unknown = sorted({lex for lex, _ in rows} - set(codes))
   if unknown:
@@ -243,7 +253,8 @@ def predictor(model, params: Mapping[str, Any], config, family: str) -> tuple[Ca
   `config.zero_shot` (all optional unless said): class_names (default ImageNet-1k CLIP names),
   templates, batch_size (256), canonicalize_text, first_class_name_only, text_banks (the
   `TEXT_BANKS` to embed into `Head.texts`; the runner sets it from the detectors), word_list
-  (the banks' word list; default the shipped WordNet list), and per family:
+  (the banks' word list; default the shipped WordNet list), word_limit (0: every label; N: the
+  first N of each WordNet file, for smoke runs), and per family:
     "siglip": tokenizer (required: SentencePiece model path), tokenizer_kind ("siglip" |
       "siglip_i18n" | "siglip2"); templates default "clip_paper", canonicalize_text True.
     "clip": vocab_path (CLIP BPE file; default: open_clip's copy); templates default OpenAI's
@@ -266,6 +277,7 @@ def predictor(model, params: Mapping[str, Any], config, family: str) -> tuple[Ca
   else:
     raise ValueError(f"Unknown zero-shot family {family!r}; use 'siglip' or 'clip'.")
   banks, words = tuple(zs.pop("text_banks", ()) or ()), zs.pop("word_list", None)
+  word_limit = int(zs.pop("word_limit", 0) or 0)
   batch = int(zs.pop("batch_size", 256))
   embed = text_embedder(model, params, tok, batch, pad)
   texts = None
@@ -274,7 +286,7 @@ def predictor(model, params: Mapping[str, Any], config, family: str) -> tuple[Ca
     names = zs.get("class_names", None)
     texts = {}
     for bank in banks:
-      texts.update(text_bank(embed_raw, bank, names, word_list=words))
+      texts.update(text_bank(embed_raw, bank, names, word_list=words, word_limit=word_limit))
   scale = float(np.exp(np.asarray(jax.device_get(params["t"])).reshape(-1)[0]))
   bias = float(np.asarray(params["b"]).reshape(-1)[0]) if "b" in params else 0.0
   w, b = head_arrays(embed, zs.pop("class_names", None), templates, scale=scale, bias=bias, **zs)
