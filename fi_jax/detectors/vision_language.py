@@ -1,5 +1,5 @@
 """Zero-shot scores of two-tower models: MCM (docs/detectors.md#mcm), NegLabel and CSP
-(docs/detectors.md#neglabel, #csp)."""
+(docs/detectors.md#neglabel, #csp), GL-MCM (docs/detectors.md#glmcm)."""
 from __future__ import annotations
 
 from typing import ClassVar
@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.data import wordnet_labels
+from fi_jax.extract import layer_columns as layer_lib
 from fi_jax.detectors.core import (
   Detector,
   cdtype,
@@ -177,3 +178,43 @@ class CSP(_NegativeLabels):
   defaults = {"temperature": 0.01, "ratio": 0.15, "percentile": 0.95, "groups": 100, "seed": 0,
               "exclude": "noun.animal,noun.food,noun.person,noun.quantity,noun.group,adj.pert",
               "positives": "paper"}
+
+
+# ----------------------------------------------------------------------------- GL-MCM
+
+class GLMCM(Detector):
+  """GL-MCM (Miyai et al., IJCV 2025; AtsuMiyai/GL-MCM @ 8708a08, utils/detection_util.py):
+  s = max_c softmax_c(cos(f, t_c) / T) + lambda_local * max_{p, c} softmax_c(cos(l_p, t_c) / T_l),
+  the global MCM probability plus the weighted local one (float64). f = the normalised image
+  embedding, t_c = the zero-shot head's normalised columns, l_p = the image tower's patch
+  features in the embedding space (the last block with each token attending to itself, ln_post,
+  the projection; fi_jax.models.clip `local_tokens`). The local term is computed during
+  extraction (the column `layer/local/mcm`, with T_l = config.zero_shot.local_temperature,
+  default 1 = the official T); `temperature` is the global term's (official default 1 for
+  both). CLIP ViT models only."""
+  name = "glmcm"
+  needs = frozenset({"features", "head", "layers"})
+  layer_reducers = ("local",)
+  defaults = {"temperature": 1.0, "lambda_local": 1.0}
+
+  @classmethod
+  def validate(cls, hp):
+    check_number("glmcm", hp, "temperature", lo=0, lo_open=True)
+    check_number("glmcm", hp, "lambda_local", lo=0)
+
+  def _fit(self, train, head):
+    return {"text": l2_normalize_jit(fc(head_state(head)["w"]), axis=0)}
+
+  def _score_args(self, state, outputs):
+    col = layer_lib.column("local", "mcm")
+    if col not in (outputs.extras or {}):
+      raise ValueError(
+          f"glmcm needs the local (patch) score '{col}' in the scored Outputs.extras (extras: "
+          f"{sorted(outputs.extras or {}) or 'none'}): only a CLIP ViT image tower (unrolled, "
+          f"scan=False) gives it, computed during extraction; this model or set has none.")
+    return outputs.features, outputs.extras[col]
+
+  def _score(self, state, features, local):
+    cos = matmul(l2_normalize(fc(features)), state["text"])
+    glob = jnp.exp(log_max_softmax(cos / self.hparams["temperature"]))
+    return glob + self.hparams["lambda_local"] * jnp.exp(fc(local).reshape(-1))

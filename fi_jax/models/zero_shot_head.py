@@ -203,6 +203,16 @@ def text_bank(embed_raw: EmbedFn, bank: str, class_names_: Optional[Sequence[str
                                           f"{bank} classes")}
 
 
+def local_mcm(local: jax.Array, text_unit: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """GL-MCM's local score (AtsuMiyai/GL-MCM @ 8708a08, utils/detection_util.py), as a log:
+  log max_{p, c} softmax_c(cos(l_p, t_c) / T) for the patch features `local` [B, P, E] (L2
+  normalised here) and the normalised class text embeddings `text_unit` [E, C]: [B] float32."""
+  loc = vit.l2_normalize(local.astype(jnp.float32))
+  z = jnp.einsum("bpe,ec->bpc", loc, text_unit, precision=jax.lax.Precision.HIGHEST) / temperature
+  log_max = jnp.max(z, axis=-1) - jax.nn.logsumexp(z, axis=-1)
+  return jnp.max(log_max, axis=-1)
+
+
 # ----------------------------------------------------------------------------- text towers
 
 def text_embedder(model, params: Mapping[str, Any], tokenizer: Callable[[Sequence[str]], np.ndarray],
@@ -254,7 +264,8 @@ def predictor(model, params: Mapping[str, Any], config, family: str) -> tuple[Ca
   templates, batch_size (256), canonicalize_text, first_class_name_only, text_banks (the
   `TEXT_BANKS` to embed into `Head.texts`; the runner sets it from the detectors), word_list
   (the banks' word list; default the shipped WordNet list), word_limit (0: every label; N: the
-  first N of each WordNet file, for smoke runs), and per family:
+  first N of each WordNet file, for smoke runs), local_temperature (GL-MCM's local score, CLIP
+  only; default 1), and per family:
     "siglip": tokenizer (required: SentencePiece model path), tokenizer_kind ("siglip" |
       "siglip_i18n" | "siglip2"); templates default "clip_paper", canonicalize_text True.
     "clip": vocab_path (CLIP BPE file; default: open_clip's copy); templates default OpenAI's
@@ -289,6 +300,9 @@ def predictor(model, params: Mapping[str, Any], config, family: str) -> tuple[Ca
       texts.update(text_bank(embed_raw, bank, names, word_list=words, word_limit=word_limit))
   scale = float(np.exp(np.asarray(jax.device_get(params["t"])).reshape(-1)[0]))
   bias = float(np.asarray(params["b"]).reshape(-1)[0]) if "b" in params else 0.0
+  local_t = float(zs.pop("local_temperature", 1.0))
+  if not local_t > 0:
+    raise ValueError(f"config.zero_shot.local_temperature must be > 0, got {local_t}.")
   w, b = head_arrays(embed, zs.pop("class_names", None), templates, scale=scale, bias=bias, **zs)
   w, b = jnp.asarray(w, jnp.float32), jnp.asarray(b, jnp.float32)
 
@@ -296,7 +310,16 @@ def predictor(model, params: Mapping[str, Any], config, family: str) -> tuple[Ca
     zimg, _, _ = model.apply({"params": p}, images)
     return jnp.dot(zimg, w, precision=precision) + b, zimg
 
-  def predict_out(p, images):   # for layer detectors (fi_jax.extract.layer_columns): also the model's out
-    zimg, _, out = model.apply({"params": p}, images)
+  # for layer detectors (fi_jax.extract.layer_columns): also the model's out; CLIP's carries
+  # out["img/local_mcm"], GL-MCM's local score (`local_mcm`)
+  # (the scanned encoder has no value path: GL-MCM then says the column is missing)
+  local = family == "clip" and not getattr(model, "scan", False)
+  out_model = model.clone(local_tokens=True) if local else model
+  text_unit = w / jnp.linalg.norm(w, axis=0, keepdims=True)
+
+  def predict_out(p, images):
+    zimg, _, out = out_model.apply({"params": p}, images)
+    if "img/local" in out:
+      out["img/local_mcm"] = local_mcm(out["img/local"], text_unit, local_t)
     return jnp.dot(zimg, w, precision=precision) + b, zimg, out
   return _predictor.with_out(predict, predict_out), Head(w, b, texts)

@@ -1,6 +1,8 @@
 """NegLabel and CSP (docs/detectors.md#neglabel): equal to the official code's mining and score
 (re-implemented in numpy in tests/helpers/detector_reference.py), better than MCM where
-negative labels matter, and one clear error without a text bank."""
+negative labels matter, and one clear error without a text bank. GL-MCM (docs/detectors.md#glmcm):
+better than MCM where the local score carries the signal, one clear error without it (its
+equality with the official code on a tiny CLIP: tests/models/test_glmcm_local.py)."""
 import numpy as np
 import pytest
 
@@ -143,3 +145,28 @@ def test_hyper_parameters_are_checked():
                         _bank("neglabel", rng, n_noun=30, n_adj=10))
   with pytest.raises(ValueError, match="groups=100: each group needs at least one"):
     detectors.build("neglabel").fit(None, head)
+
+
+def test_glmcm_beats_mcm_when_the_object_is_local_and_says_what_it_lacks():
+  """ID images whose global embedding is as ambiguous as the OOD ones' but with one patch that
+  matches a class (multi-object scenes): the local term separates them, MCM cannot."""
+  rng = np.random.default_rng(4)
+  pos = _unit(rng.normal(size=(C, E)))
+  head = detectors.Head(pos.T.astype(np.float32), np.zeros(C, np.float32))
+  glob = _unit(rng.normal(size=(400, E))).astype(np.float32)      # same law for ID and OOD
+  local_id = np.log(rng.uniform(0.5, 0.9, 200))                    # log max local softmax
+  local_ood = np.log(rng.uniform(0.2, 0.55, 200))
+  aurocs = {}
+  for name in ("glmcm", "mcm"):
+    det = detectors.build(name)
+    state = det.fit(None, head)
+    s = [np.asarray(det.score(state, detectors.Outputs(
+        glob[i:i + 200], None, extras={"layer/local/mcm": loc.astype(np.float32)})))
+         for i, loc in ((0, local_id), (200, local_ood))]
+    aurocs[name] = metrics_ref.auroc(*s)
+  assert aurocs["glmcm"] > 0.85 and aurocs["mcm"] < 0.65, aurocs
+  det = detectors.build("glmcm")
+  with pytest.raises(ValueError, match="only a CLIP ViT image tower .unrolled, scan=False. gives"):
+    det.score(det.fit(None, head), detectors.Outputs(glob, None))
+  with pytest.raises(ValueError, match="lambda_local"):
+    detectors.build("glmcm", lambda_local=-1)
