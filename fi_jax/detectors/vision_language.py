@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.data import wordnet_labels
-from fi_jax.extract import layer_columns as layer_lib
 from fi_jax.detectors.core import (
   Detector,
   cdtype,
@@ -23,6 +22,7 @@ from fi_jax.detectors.core import (
   log_max_softmax,
   matmul,
 )
+from fi_jax.extract import layer_columns as layer_lib
 
 
 class MCM(Detector):
