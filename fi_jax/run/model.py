@@ -206,8 +206,8 @@ class LazyModel:
 def text_banks(config) -> tuple[str, ...]:
   """The two-tower text banks (`Head.texts`) the configured detectors read (`text_bank`)."""
   from fi_jax import detectors
-  banks = {getattr(detectors.REGISTRY.get(n), "text_bank", None)
-           for n in (config.get("detectors", ()) or ())}
+  banks = {detectors.REGISTRY[n].text_bank for n in (config.get("detectors", ()) or ())
+           if n in detectors.REGISTRY}
   return tuple(sorted(b for b in banks if b))
 
 
