@@ -14,8 +14,7 @@ shows the two-tower path end to end in about a minute on a CPU.
 """
 import ml_collections
 
-from configs import common
-from configs import demo
+from configs import common, demo
 
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five")
 DETECTORS = ("msp", "energy", "mcm", "neglabel", "csp", "glmcm")

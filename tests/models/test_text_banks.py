@@ -1,7 +1,11 @@
-"""Text banks of a two-tower model (fi_jax.models.zero_shot_head.text_bank) and NegLabel / CSP
-end to end on a tiny random CLIP written as a real open_clip checkpoint: the runner's
+"""Text banks of a two-tower model (fi_jax.models.zero_shot_head.text_bank), and NegLabel, CSP
+and GL-MCM end to end on a tiny random CLIP written as a real open_clip checkpoint: the runner's
 build_model embeds the word list once, and the detectors' scores equal the official code's
-(tests/helpers/detector_reference.py) on open_clip's own text and image embeddings."""
+(tests/helpers/detector_reference.py) on open_clip's own text and image embeddings. GL-MCM's
+local features: fi_jax's value path (fi_jax.models.clip `local_tokens`) equals GL-MCM's
+official computation (AtsuMiyai/GL-MCM @ 8708a08442e5650889052fd86900969fade06a1b,
+clip/model.py: the last block with v through out_proj plus x, then the MLP residual, ln_post,
+proj) done on open_clip's weights; the score follows its utils/detection_util.py."""
 import random
 
 import jax
@@ -16,6 +20,7 @@ from tests.models import test_clip as tc
 
 torch = pytest.importorskip("torch")
 ml_collections = pytest.importorskip("ml_collections")
+F = torch.nn.functional
 
 NAMES = ["cat", "dog", "tench"]
 
@@ -91,8 +96,25 @@ def _official_embeddings(m, tok, prompts):
   return np.stack(out)
 
 
+def _official_local(m, images):
+  """[B, P, E] local features and [B, E] global ones, as GL-MCM's VisionTransformer.forward."""
+  vis, seen = m.visual, {}
+  blocks = vis.transformer.resblocks
+  hook = blocks[-1].register_forward_pre_hook(lambda mod, args: seen.setdefault("x", args[0]))
+  with torch.no_grad():
+    glob = m.encode_image(tc._torch_img(images))
+    hook.remove()
+    x, blk = seen["x"], blocks[-1]          # [B, N, C]: open_clip's blocks are batch-first
+    c = x.shape[-1]
+    y = F.linear(blk.ln_1(x), blk.attn.in_proj_weight, blk.attn.in_proj_bias)
+    v = F.linear(y[..., 2 * c:], blk.attn.out_proj.weight, blk.attn.out_proj.bias) + x
+    v = v + blk.mlp(blk.ln_2(v))
+    local = vis.ln_post(v)[:, 1:] @ vis.proj
+  return local.double().numpy(), glob.double().numpy()
+
+
 @pytest.mark.slow
-def test_neglabel_and_csp_on_a_tiny_clip_equal_the_official_code(word_file, tmp_path_factory):
+def test_zero_shot_detectors_on_a_tiny_clip_equal_the_official_code(word_file, tmp_path_factory):
   from configs import common
   from fi_jax.run import model as run_model
   m, path, act = tc._written(True, tmp_path_factory)
@@ -105,16 +127,16 @@ def test_neglabel_and_csp_on_a_tiny_clip_equal_the_official_code(word_file, tmp_
       text=dict(width=32, depth=2, num_heads=2)))
   c.init_shape = (1, tc.RES, tc.RES, 3)
   c.model_init = path
-  c.detectors = ("mcm", "neglabel", "csp")
+  c.detectors = ("neglabel", "csp", "glmcm")
   c.zero_shot = ml_collections.ConfigDict(dict(class_names=NAMES, templates=["a photo of a {}."],
                                                word_list=words, batch_size=64))
   predict, params, head, _ = run_model.build_model(c, log=lambda s: None)
   assert "word_list" in c.zero_shot and "text_banks" not in c.zero_shot   # caller's config kept
   images = np.random.RandomState(1).randn(12, tc.RES, tc.RES, 3).astype(np.float32)
   with jax.default_matmul_precision("highest"):
-    _, feats = jax.jit(predict)(params, images)
-  with torch.no_grad():
-    img = m.encode_image(tc._torch_img(images)).double().numpy()
+    _, feats, out = jax.jit(predict.with_out)(params, images)
+  local, img = _official_local(m, images)
+  assert tc._max_diff(out["img/local"], local) < 1e-5
   np.testing.assert_allclose(np.asarray(feats), img / np.linalg.norm(img, axis=1, keepdims=True),
                              atol=2e-6)
   for name, exclude in (("neglabel", ()), ("csp", ())):
@@ -135,3 +157,23 @@ def test_neglabel_and_csp_on_a_tiny_clip_equal_the_official_code(word_file, tmp_
                                   ngroup=3)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert np.std(got) > 1e-6
+
+  # GL-MCM: the official score (higher = ID here), max softmax of the global cosines / T plus
+  # lambda times the max over patches and classes of the local softmax (local T = 1)
+  text = np.asarray(head.w, np.float64)
+  text /= np.linalg.norm(text, axis=0, keepdims=True)
+  g = img / np.linalg.norm(img, axis=1, keepdims=True)
+  loc = local / np.linalg.norm(local, axis=-1, keepdims=True)
+  extras = {"layer/local/mcm": np.asarray(out["img/local_mcm"])}
+  for lam, temp in ((1.0, 1.0), (0.5, 0.1)):
+    det = detectors.build("glmcm", lambda_local=lam, temperature=temp)
+    got = np.asarray(det.score(det.fit(None, head), detectors.Outputs(feats, None, extras=extras)))
+    sg = torch.softmax(torch.tensor(g @ text / temp), -1).numpy().max(-1)
+    sl = torch.softmax(torch.tensor(loc @ text), -1).numpy().max(axis=(1, 2))
+    np.testing.assert_allclose(got, sg + lam * sl, rtol=1e-5)
+
+
+def test_value_path_needs_the_unrolled_encoder():
+  with pytest.raises(ValueError, match="needs the unrolled encoder"):
+    jax.eval_shape(lambda: tc._fi_model("quick_gelu", scan=True).clone(local_tokens=True).init(
+        jax.random.PRNGKey(0), np.zeros((1, tc.RES, tc.RES, 3), np.float32)))
