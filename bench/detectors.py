@@ -547,7 +547,7 @@ def zero_shot_bench(args, t0):
   print(f"zero-shot: E={e}, C={c}, bank {m} labels ({n_adj} adjectives), {n} test images "
         f"({time.perf_counter() - t0:.1f} s)\n{'detector':10s} {'fit s':>7s} {'score s':>8s} "
         f"{'fi_jax s':>9s} {'ref s':>8s} {'ref/fi':>7s} {'max rel err':>11s}")
-  for name in ("neglabel", "csp", "glmcm"):
+  for name in (args.detectors.split(",") if args.detectors else ("neglabel", "csp", "glmcm")):
     bank = {f"{name}/emb": bank_emb, f"{name}/lexfile": lex,
             f"{name}/word": np.arange(m, dtype=np.int32), f"{name}/pos": pos}
     head = detectors.Head(pos.T.copy(), np.zeros(c, np.float32), bank)

@@ -185,7 +185,8 @@ class CSP(_NegativeLabels):
 class GLMCM(Detector):
   """GL-MCM (Miyai et al., IJCV 2025; AtsuMiyai/GL-MCM @ 8708a08, utils/detection_util.py):
   s = max_c softmax_c(cos(f, t_c) / T) + lambda_local * max_{p, c} softmax_c(cos(l_p, t_c) / T_l),
-  the global MCM probability plus the weighted local one (float64). f = the normalised image
+  the global MCM probability plus the weighted local one (cosines in float32 as the official
+  code computes them, the rest float64). f = the normalised image
   embedding, t_c = the zero-shot head's normalised columns, l_p = the image tower's patch
   features in the embedding space (the last block with each token attending to itself, ln_post,
   the projection; fi_jax.models.clip `local_tokens`). The local term is computed during
@@ -203,7 +204,7 @@ class GLMCM(Detector):
     check_number("glmcm", hp, "lambda_local", lo=0)
 
   def _fit(self, train, head):
-    return {"text": l2_normalize_jit(fc(head_state(head)["w"]), axis=0)}
+    return {"text": l2_normalize_jit(head_state(head)["w"], axis=0)}
 
   def _score_args(self, state, outputs):
     col = layer_lib.column("local", "mcm")
@@ -215,6 +216,9 @@ class GLMCM(Detector):
     return outputs.features, outputs.extras[col]
 
   def _score(self, state, features, local):
-    cos = matmul(l2_normalize(fc(features)), state["text"])
-    glob = jnp.exp(log_max_softmax(cos / self.hparams["temperature"]))
+    # cosines in float32 (Precision.HIGHEST), as the official code computes them; the softmax
+    # and the sum in the compute dtype
+    f = l2_normalize(jnp.asarray(features, jnp.float32))
+    z = fc(matmul(f, state["text"].astype(jnp.float32))) / self.hparams["temperature"]
+    glob = 1.0 / jnp.sum(jnp.exp(z - jnp.max(z, axis=-1, keepdims=True)), axis=-1)
     return glob + self.hparams["lambda_local"] * jnp.exp(fc(local).reshape(-1))
