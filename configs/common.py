@@ -19,9 +19,10 @@ def posthoc_detectors(odin: bool = False, model_name: str | None = None,
   and a second forward per image; RankFeat) only on request, one that works only on some model
   families (`model_families`: RankFeat) only when `model_name` is one of them, and the layer
   detectors (mdsens, gram: every set, the fit set included, is then extracted with per-block
-  columns of up to ~400 KB per image; docs/detectors.md#layer-scores) only on request."""
+  columns of up to ~400 KB per image; docs/detectors.md#layer-scores) only on request; the
+  zero-shot ones that need a two-tower model (`detector_names.TWO_TOWER`) only for those."""
   def wanted(name: str) -> bool:
-    families = detector_names.MODEL_FAMILIES.get(name)
+    families = detector_names.MODEL_FAMILIES.get(name, detector_names.TWO_TOWER.get(name))
     return ((odin or name not in detector_names.INPUT_GRADIENT)
             and (layers or name not in detector_names.LAYERS)
             and (families is None or model_name is None or model_name in families))

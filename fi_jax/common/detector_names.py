@@ -8,6 +8,7 @@ the source of truth and tests/detectors/test_detector_names.py pins that both sa
   INPUT_GRADIENT   those whose `needs` has "inputs" (a backward pass per image)
   LAYERS           those whose `needs` has "layers" (per-block columns)
   MODEL_FAMILIES   {name: the `model_families` it works on} for those limited to some
+  TWO_TOWER        {name: the model families that give its two-tower inputs} (zero-shot ones)
 """
 from __future__ import annotations
 
@@ -16,16 +17,23 @@ import difflib
 NAMES: tuple[str, ...] = (
     "msp", "maxlogit", "energy", "tempscale", "odin", "gen", "klm", "react", "ash_p", "ash_b",
     "ash_s", "scale", "she", "dice", "mds", "rmds", "residual", "vim", "knn", "nnguide", "fdbd",
-    "nci", "gradnorm", "cosine", "relative_cosine", "mcm", "weiper_kld", "weiper", "optfs",
+    "nci", "gradnorm", "cosine", "relative_cosine", "mcm", "neglabel", "csp", "glmcm",
+    "weiper_kld", "weiper", "optfs",
     "bats", "line", "mds_pp", "rmds_pp", "ssd", "neco", "relation", "openmax", "vra",
     "adascale_a", "adascale_l", "combood", "rankfeat", "iodin", "mdsens", "gram",
     "ora", "cfood", "grood",
 )
 INPUT_GRADIENT: frozenset[str] = frozenset(
     ("odin", "adascale_a", "adascale_l", "rankfeat", "iodin"))
-LAYERS: frozenset[str] = frozenset(("mdsens", "gram"))
+LAYERS: frozenset[str] = frozenset(("mdsens", "gram", "glmcm"))
 MODEL_FAMILIES: dict[str, tuple[str, ...]] = {
     "rankfeat": ("resnet", "resnetv2", "vit", "dinov2", "clip", "two_towers"),
+}
+# The zero-shot detectors that need what only a two-tower model gives (its text bank: NegLabel,
+# CSP; CLIP's local patch score: GL-MCM), by the model families that give it. Not enforced
+# (elsewhere they fail with one clear line); the configs list them only for these families.
+TWO_TOWER: dict[str, tuple[str, ...]] = {
+    "neglabel": ("clip", "two_towers"), "csp": ("clip", "two_towers"), "glmcm": ("clip",),
 }
 
 

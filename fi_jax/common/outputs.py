@@ -25,6 +25,9 @@ class Outputs:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Head:
-  """The classifier's last linear layer: logits = features @ w + b; w [D, C], b [C]."""
+  """The classifier's last linear layer: logits = features @ w + b; w [D, C], b [C].
+  `texts`: for two-tower models, the text banks the negative-label detectors read
+  ({"<bank>/<array>": numpy array}, fi_jax/models/zero_shot_head.py `text_bank`), or None."""
   w: Any
   b: Any
+  texts: Optional[dict] = None

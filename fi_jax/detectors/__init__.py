@@ -64,6 +64,7 @@ _CLASSES = (
     activation.SCALE, distance.SHE, activation.DICE, distance.MDS, distance.RMDS,
     distance.Residual, distance.ViM, knn.KNN, knn.NNGuide, distance.FDBD, distance.NCI,
     gradient.GradNorm, distance.Cosine, distance.RelativeCosine, vision_language.MCM,
+    vision_language.NegLabel, vision_language.CSP, vision_language.GLMCM,
     weiper.WeiPerKLD, weiper.WeiPer, activation.OptFS, activation.BATS, activation.LINe,
     distance.MDSpp, distance.RMDSpp, distance.SSD, distance.NECO, knn.Relation, openmax.OpenMax,
     activation.VRA, gradient.AdaSCALEA, gradient.AdaSCALEL, knn.CombOOD, rankfeat.RankFeat,

@@ -181,10 +181,13 @@ class Detector(abc.ABC):
   #   (AdaSCALE: `predict_fn` instead of `logits_fn`), else the fit set skips it;
   # - "layers" in `needs`: the reducers (`fi_jax.extract.layer_columns.REDUCERS`) whose
   #   `layer/<reducer>/<block>` columns every set must carry;
-  # - `model_families`: the fi_jax model families (`config.model_name`) it works on; None: any.
+  # - `model_families`: the fi_jax model families (`config.model_name`) it works on; None: any;
+  # - `text_bank`: the two-tower text bank (fi_jax.models.zero_shot_head.TEXT_BANKS) it reads
+  #   from `Head.texts`; the runner has the model embed it once per run; None: none.
   fit_inputs: ClassVar[bool] = False
   layer_reducers: ClassVar[tuple[str, ...]] = ()
   model_families: ClassVar[Optional[tuple[str, ...]]] = None
+  text_bank: ClassVar[Optional[str]] = None
 
   _jit_cache: ClassVar[dict] = {}
 

@@ -121,13 +121,17 @@ def reduce_gram(x: jax.Array) -> jax.Array:
 
 REDUCERS: dict[str, Callable[[jax.Array], jax.Array]] = {"mean": reduce_mean,
                                                          "gram": reduce_gram}
+# Columns a model computes itself in its `out` (no block reduction): {reducer: {name: out key}}.
+# "local": GL-MCM's local score of a CLIP image tower (fi_jax.models.zero_shot_head.local_mcm),
+# the column `layer/local/mcm` [B].
+OUT_COLUMNS: dict[str, dict[str, str]] = {"local": {"mcm": "img/local_mcm"}}
 
 
 def check_reducers(reducers: Sequence[str]) -> tuple[str, ...]:
   """The reducer names sorted, unknown ones a ValueError."""
-  bad = sorted(set(reducers) - set(REDUCERS))
+  bad = sorted(set(reducers) - set(REDUCERS) - set(OUT_COLUMNS))
   if bad:
-    raise ValueError(f"Unknown layer reducer(s) {bad}; valid: {sorted(REDUCERS)}.")
+    raise ValueError(f"Unknown layer reducer(s) {bad}; valid: {sorted({*REDUCERS, *OUT_COLUMNS})}.")
   return tuple(sorted(set(reducers)))
 
 
@@ -137,10 +141,17 @@ def column(reducer: str, block: str) -> str:
 
 def columns(out, reducers: Sequence[str], *, strict: bool = True) -> dict[str, jax.Array]:
   """{"layer/<reducer>/<block>": reduced [B, ...]} of every block of `out` (jnp; call it
-  inside the jitted step so that only the reduced arrays leave the device)."""
-  acts = blocks(out, strict=strict)
-  return {column(r, name): REDUCERS[r](a) for r in check_reducers(reducers)
-          for name, a in acts.items()}
+  inside the jitted step so that only the reduced arrays leave the device); an `OUT_COLUMNS`
+  reducer's columns are `out`'s own arrays, where `out` has them."""
+  reducers = check_reducers(reducers)
+  block_reducers = [r for r in reducers if r in REDUCERS]
+  acts = blocks(out, strict=strict) if block_reducers else {}
+  cols = {column(r, name): REDUCERS[r](a) for r in block_reducers for name, a in acts.items()}
+  for r in reducers:
+    for name, key in OUT_COLUMNS.get(r, {}).items():
+      if isinstance(out, Mapping) and key in out:
+        cols[column(r, name)] = out[key]
+  return cols
 
 
 def block_columns(arrays: Mapping, reducer: str) -> dict[str, object]:

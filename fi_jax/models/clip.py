@@ -73,6 +73,7 @@ class VisionTower(nn.Module):
   ln_eps: float = 1e-5
   scan: bool = False
   dtype_mm: str = "float32"
+  local_tokens: bool = False   # out["local"]: GL-MCM's patch features in the embedding space
 
   @nn.compact
   def __call__(self, image):
@@ -90,10 +91,13 @@ class VisionTower(nn.Module):
     x, out["encoder"] = vit.Encoder(
         depth=self.depth, mlp_dim=self.mlp_dim, num_heads=self.num_heads, act=self.act,
         ln_eps=self.ln_eps, scan=self.scan, dtype_mm=self.dtype_mm, attention="heads_first",
-        name="Transformer")(x)
+        value_path=self.local_tokens, name="Transformer")(x)
     out["encoded"] = x
     x = out["head_input"] = x[:, 0]          # ln_post (= encoder_norm) of the class token
-    x = out["logits"] = nn.Dense(self.out_dim, use_bias=False, name="head")(x)
+    head = nn.Dense(self.out_dim, use_bias=False, name="head")
+    x = out["logits"] = head(x)
+    if self.local_tokens:   # the patch tokens of the value path, ln_post'ed, projected
+      out["local"] = head(out["encoder"].pop("value_path")[:, 1:])
     return x, out
 
 
@@ -146,11 +150,13 @@ class _Model(nn.Module):
   scan: bool = False
   image_size: int = 224
   dtype_mm: str = "float32"
+  local_tokens: bool = False   # the image tower's out["local"] (GL-MCM); no extra parameters
 
   def _towers(self):
     kw = dict(out_dim=self.out_dim, act=self.act, ln_eps=self.ln_eps, scan=self.scan,
               dtype_mm=self.dtype_mm)
-    return (VisionTower(**kw, **dict(self.image or {}), name="img"),
+    return (VisionTower(**kw, local_tokens=self.local_tokens, **dict(self.image or {}),
+                        name="img"),
             TextTower(**kw, **dict(self.text or {}), name="txt"))
 
   @nn.compact

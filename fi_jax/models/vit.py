@@ -171,7 +171,11 @@ _ATTENTION = {"flax": nn.dot_product_attention, "heads_first": heads_first_atten
 
 
 class Encoder1DBlock(nn.Module):
-  """Pre-LN transformer block: x + MHA(LN(x)); x + MLP(LN(x)) (optionally LayerScaled)."""
+  """Pre-LN transformer block: x + MHA(LN(x)); x + MLP(LN(x)) (optionally LayerScaled).
+
+  `value_path`: also out["value_path"], the block with each token attending to itself only
+  (x + MHA's value and output projections of LN(x), then the MLP residual): the local
+  features of GL-MCM (AtsuMiyai/GL-MCM @ 8708a08, clip/model.py), no extra parameters."""
   mlp_dim: Optional[int] = None
   num_heads: int = 12
   dropout: float = 0.0
@@ -181,27 +185,43 @@ class Encoder1DBlock(nn.Module):
   dtype_mm: str = "float32"
   attention: str = "heads_first"    # or "flax" (same math; heads_first is faster on XLA:CPU)
   precision: Any = None
+  value_path: bool = False
 
   @nn.compact
   def __call__(self, x, deterministic=True, mask=None):
-    out = {}
-    y = nn.LayerNorm(epsilon=self.ln_eps)(x)
-    y = out["sa"] = nn.MultiHeadDotProductAttention(
+    out, x_in = {}, x
+    ln0 = nn.LayerNorm(epsilon=self.ln_eps)
+    attn = nn.MultiHeadDotProductAttention(
         num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform(),
         deterministic=deterministic, dtype=self.dtype_mm, precision=self.precision,
-        attention_fn=_ATTENTION[self.attention])(y, y, mask=mask)
-    if self.layerscale is not None:
-      y = LayerScale(self.layerscale, name="LayerScale_0")(y)
+        attention_fn=_ATTENTION[self.attention])
+    ls0 = LayerScale(self.layerscale, name="LayerScale_0") if self.layerscale is not None else None
+    y = ln0(x)
+    y = out["sa"] = attn(y, y, mask=mask)
+    if ls0 is not None:
+      y = ls0(y)
     y = nn.Dropout(rate=self.dropout)(y, deterministic)
     x = out["+sa"] = x + y
 
-    y = nn.LayerNorm(epsilon=self.ln_eps)(x)
-    y = out["mlp"] = MlpBlock(mlp_dim=self.mlp_dim, dropout=self.dropout, act=self.act,
-                              dtype_mm=self.dtype_mm, precision=self.precision)(y, deterministic)
-    if self.layerscale is not None:
-      y = LayerScale(self.layerscale, name="LayerScale_1")(y)
+    ln1 = nn.LayerNorm(epsilon=self.ln_eps)
+    mlp = MlpBlock(mlp_dim=self.mlp_dim, dropout=self.dropout, act=self.act,
+                   dtype_mm=self.dtype_mm, precision=self.precision)
+    ls1 = LayerScale(self.layerscale, name="LayerScale_1") if self.layerscale is not None else None
+    y = ln1(x)
+    y = out["mlp"] = mlp(y, deterministic)
+    if ls1 is not None:
+      y = ls1(y)
     y = nn.Dropout(rate=self.dropout)(y, deterministic)
     x = out["+mlp"] = x + y
+
+    if self.value_path:
+      n = x_in.shape[-2]
+      self_only = jnp.eye(n, dtype=bool)[None, None]
+      h = ln0(x_in)
+      y = attn(h, h, mask=self_only if mask is None else jnp.logical_and(mask, self_only))
+      v = x_in + (ls0(y) if ls0 is not None else y)
+      y = mlp(ln1(v), deterministic)
+      out["value_path"] = v + (ls1(y) if ls1 is not None else y)
     return x, out
 
 
@@ -220,10 +240,14 @@ class Encoder(nn.Module):
   dtype_mm: str = "float32"
   attention: str = "heads_first"
   precision: Any = None
+  value_path: bool = False     # the last block's out["value_path"] (GL-MCM), encoder_norm'ed
 
   @nn.compact
   def __call__(self, x, deterministic=True, mask=None):
     out = {}
+    if self.value_path and self.scan:
+      raise ValueError("The value path (GL-MCM's local features) needs the unrolled encoder "
+                       "(scan=False); the scanned checkpoint layout loads into it unchanged.")
     kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout, act=self.act,
               ln_eps=self.ln_eps, layerscale=self.layerscale, dtype_mm=self.dtype_mm,
               attention=self.attention, precision=self.precision)
@@ -238,11 +262,17 @@ class Encoder(nn.Module):
         out[f"block{lyr:02d}"] = jax.tree.map(lambda o, lyr=lyr: o[lyr], scan_out)
     else:
       for lyr in range(self.depth):
-        x, out[f"block{lyr:02d}"] = Encoder1DBlock(name=f"encoderblock_{lyr}", **kw)(
-            x, deterministic, mask)
+        last = self.value_path and lyr == self.depth - 1
+        x, out[f"block{lyr:02d}"] = Encoder1DBlock(name=f"encoderblock_{lyr}", value_path=last,
+                                                   **kw)(x, deterministic, mask)
     out["pre_ln"] = x
+    value = out[f"block{self.depth - 1:02d}"].pop("value_path") if self.value_path else None
     if self.final_norm:
-      x = nn.LayerNorm(epsilon=self.ln_eps, name="encoder_norm")(x)
+      norm = nn.LayerNorm(epsilon=self.ln_eps, name="encoder_norm")
+      x = norm(x)
+      value = norm(value) if value is not None else None
+    if value is not None:
+      out["value_path"] = value
     return x, out
 
 

@@ -6,6 +6,7 @@ names a run's report and cache give it (`model_label`, `model_key`, `checkpoint_
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import hashlib
 import importlib
@@ -74,6 +75,10 @@ def build_model(config, log: Log, params_cache: Optional[str] = None,
                             jnp.zeros(init_shape, jnp.float32))["params"]
   load_kw = to_dict(config.get("model_load", {}))
   factory = getattr(mod, "predictor", None) or default_predictor
+  if text_banks(config) and config.get("zero_shot") is not None:
+    config = copy.deepcopy(config)            # the two-tower predictor embeds the word lists
+    with config.unlocked():
+      config.zero_shot.text_banks = text_banks(config)
   trained = cache.load(params_cache, log=log) if config.get("train") and params_cache else None
   early = traced = None
   if config.get("train") and trained is None and on_train_start is not None:
@@ -200,13 +205,38 @@ class LazyModel:
       self._built = build_model(self.config, self.log, self.params_cache, self.on_train_start)
     return self._built
 
+def text_banks(config) -> tuple[str, ...]:
+  """The two-tower text banks (`Head.texts`) the configured detectors read (`text_bank`)."""
+  from fi_jax import detectors
+  banks = {detectors.REGISTRY[n].text_bank for n in (config.get("detectors", ()) or ())
+           if n in detectors.REGISTRY}
+  return tuple(sorted(b for b in banks if b))
+
+
+def _bank_key(config) -> str:
+  """What a text bank depends on besides the model: the word list and the class names."""
+  zs = to_dict(config.get("zero_shot", {}) or {})
+  return cache.key_of(zs.get("word_list"), zs.get("word_limit"), zs.get("class_names"))
+
+
 def cached_head(config, model: LazyModel, workdir: str, log: Log = log_on_process_0):
-  """The classifier head (cached beside the features, so a rerun needs no model at all)."""
-  path = os.path.join(workdir, "cache", model_key(config), "head")
-  arrays = cache.load(path, log=log) if config.get("cache", True) else None
-  if arrays is None:
+  """The classifier head (cached beside the features, so a rerun needs no model at all), with
+  the text banks the detectors read (`text_banks`, one cache entry each)."""
+  root = os.path.join(workdir, "cache", model_key(config))
+  path, use_cache = os.path.join(root, "head"), config.get("cache", True)
+  bank_paths = {b: os.path.join(root, f"text_bank-{b}-{_bank_key(config)}")
+                for b in text_banks(config)}
+  arrays = cache.load(path, log=log) if use_cache else None
+  banks = {b: cache.load(p, log=log) if use_cache else None for b, p in bank_paths.items()}
+  if arrays is None or any(v is None for v in banks.values()):
     head = model.get()[2]
     arrays = {"w": np.asarray(head.w), "b": np.asarray(head.b)}
-    if jax.process_index() == 0:
+    texts = {k: np.asarray(v) for k, v in (head.texts or {}).items()}
+    banks = {b: {k: v for k, v in texts.items() if k.startswith(f"{b}/")} for b in bank_paths}
+    if jax.process_index() == 0 and use_cache:
       cache.save(path, arrays, {"model_name": config.model_name})
-  return Head(jnp.asarray(arrays["w"]), jnp.asarray(arrays["b"]))
+      for b, p in bank_paths.items():
+        if banks[b]:
+          cache.save(p, banks[b], {"model_name": config.model_name, "text_bank": b})
+  texts = {k: v for bank in banks.values() for k, v in (bank or {}).items()}
+  return Head(jnp.asarray(arrays["w"]), jnp.asarray(arrays["b"]), texts or None)

@@ -17,15 +17,20 @@ def test_needs_and_families_match_the_classes():
 
 
 def test_posthoc_detectors_as_from_the_classes():
+  def two_tower(cls):   # NegLabel/CSP read a text bank, GL-MCM CLIP's local column
+    if cls.text_bank:
+      return ("clip", "two_towers")
+    return ("clip",) if "local" in cls.layer_reducers else None
+
   def from_classes(odin, model_name, layers):
     def wanted(cls):
-      fam = cls.model_families
+      fam = cls.model_families if cls.model_families is not None else two_tower(cls)
       return ((odin or "inputs" not in cls.needs) and (layers or "layers" not in cls.needs)
               and (fam is None or model_name is None or model_name in fam))
     return tuple(n for n in detectors.names() if wanted(detectors.REGISTRY[n]))
   for odin in (False, True):
     for layers in (False, True):
-      for model in (None, "resnet", "convnext"):
+      for model in (None, "resnet", "convnext", "clip", "two_towers"):
         assert common.posthoc_detectors(odin, model, layers) == from_classes(odin, model, layers)
 
 

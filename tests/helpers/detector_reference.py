@@ -187,3 +187,53 @@ def ref_grood(fit, test):
   g = grads(test.features)
   d2 = ((g[:, None, :] - bank[None]) ** 2).sum(-1)
   return -d2.min(1)
+
+
+# ----------------------------------------------------------------------------- negative labels
+# Written from the official code: XueJiang16/NegLabel @ 3253db684075b2db47844676eccdfda40d67a573
+# (mmcls/models/classifiers/multi_modal.py CLIPScalableClassifier: mining; mmcls/models/ood/
+# clip_ood.py ScalableClassifier.grouping: the score) and MengyuanChen21/NeurIPS2024-CSP @
+# 3a7bdabeb89301053ba8bfc56b227b6d81b273e9 (the same files; CSP sets the percentile similarity of
+# a candidate whose largest cosine exceeds 0.95 to 1). The official code's word files are read
+# in os.listdir order with a dedup dict, and its group permutation is torch.randperm on CUDA;
+# here the candidates come as (noun, adjective) lists already deduplicated and the permutation
+# is an argument.
+
+def official_neg_mining(noun_emb, adj_emb, pos, neg_topk=0.15, pencentile=0.95, csp=False):
+  """The official `text_features_neg` selection: per candidate the `pencentile` quantile of its
+  cosines to the ID text features, argsort ascending, the first int(len * neg_topk) nouns and
+  adjectives (nouns first)."""
+  neg = np.concatenate([noun_emb, adj_emb])
+  sims = []
+  for i in range(0, len(neg), 1000):                    # emb_batchsize chunks, as the code
+    tmp = neg[i:i + 1000] @ pos.T
+    sim = np.quantile(tmp, pencentile, axis=-1)        # torch.quantile: linear interpolation
+    if csp:
+      sim[tmp.max(axis=1) > 0.95] = 1.0
+    sims.append(sim)
+  sim = np.concatenate(sims)
+  n = len(noun_emb)
+  ind_noun, ind_adj = np.argsort(sim[:n], kind="stable"), np.argsort(sim[n:], kind="stable")
+  return np.concatenate([noun_emb[ind_noun[:int(len(ind_noun) * neg_topk)]],
+                         adj_emb[ind_adj[:int(len(ind_adj) * neg_topk)]]])
+
+
+def official_neg_score(image_features, pos, neg, perm, t=1.0, ngroup=100):
+  """ScalableClassifier.forward + grouping: pos_sim = 100 * f @ pos.T, neg_sim = 100 * f @ neg.T;
+  the last neg.shape[1] % ngroup columns dropped, columns permuted by `perm`, split into ngroup
+  groups; per group the softmax mass of the positives over [pos, group]; the mean over groups.
+  ngroup == 1: the softmax mass of the positives over all labels."""
+  f = image_features / np.linalg.norm(image_features, axis=-1, keepdims=True)
+  pos_sim, neg_sim = 100.0 * f @ pos.T, 100.0 * f @ neg.T
+  if ngroup == 1:
+    full = scipy.special.softmax(np.concatenate([pos_sim, neg_sim], -1) / t, axis=-1)
+    return full[:, :pos.shape[0]].sum(-1)
+  drop = neg_sim.shape[1] % ngroup
+  if drop > 0:
+    neg_sim = neg_sim[:, :-drop]
+  negs = neg_sim.T[perm].T.reshape(len(f), ngroup, -1)
+  scores = []
+  for i in range(ngroup):
+    full = scipy.special.softmax(np.concatenate([pos_sim, negs[:, i, :]], -1) / t, axis=-1)
+    scores.append(full[:, :pos.shape[0]].sum(-1))
+  return np.stack(scores, -1).mean(-1)

@@ -8,7 +8,7 @@ from fi_jax.data import preprocess
 from fi_jax.run import benchmark as run
 from fi_jax.run import model as run_model
 
-CONFIGS = ["demo", "vit", "siglip2", "clip", "dinov2", "torchvision", "timm"]
+CONFIGS = ["demo", "vit", "siglip2", "clip", "dinov2", "torchvision", "timm", "clip_demo"]
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -19,6 +19,17 @@ def test_config_is_complete(name):
   run.config_detectors(c)                         # every detector and hparam is valid
   assert set(c.detectors) <= set(detectors.names())
   assert {"id_fit", "id_test"} <= set(run.config_specs(c)) and c.ood
+
+
+def test_zero_shot_detectors_only_for_two_tower_configs():
+  from configs import clip, clip_demo, siglip2, vit
+  zero_shot = {"neglabel", "csp", "glmcm"}
+  assert {"neglabel", "csp"} <= set(clip.get_config().detectors) - {"glmcm"}
+  assert zero_shot <= set(clip.get_config("layer_detectors").detectors)
+  assert {"neglabel", "csp"} <= set(siglip2.get_config().detectors)
+  assert "glmcm" not in siglip2.get_config("layer_detectors").detectors
+  assert not zero_shot & set(vit.get_config("layer_detectors").detectors)
+  assert zero_shot <= set(clip_demo.get_config().detectors)
 
 
 def test_config_args_and_errors():
