@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from fi_jax.data import preprocess
+from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import convnext as convert
 from fi_jax.models.convert import readers
 
@@ -36,13 +37,6 @@ def _tv_pp(resize: int) -> str:
   return preprocess.torchvision_pp(resize, 224, "bilinear")
 
 
-def _timm_pp(size: int, crop_pct: float) -> str:
-  # timm eval transform: bicubic resize of the short side to floor(size / crop_pct), centre
-  # crop; the 384 px fine-tunes (crop_pct 1.0) 'squash' both sides to `size`.
-  return preprocess.timm_pp(size, crop_pct, "bicubic",
-                            crop_mode="squash" if crop_pct == 1.0 else "center")
-
-
 def _pretrained() -> dict[str, dict]:
   table = {}
   tv = {"tiny": ("983f1562", 236), "small": ("0c510722", 230), "base": ("6075fbad", 232),
@@ -51,29 +45,13 @@ def _pretrained() -> dict[str, dict]:
     table[f"torchvision/convnext_{size}.IMAGENET1K_V1"] = dict(
         variant=f"convnext_{size}", source="torchvision", num_classes=1000, pp=_tv_pp(resize),
         input_size=224, url=f"https://download.pytorch.org/models/convnext_{size}-{sha}.pth")
-  fb = "https://dl.fbaipublicfiles.com/convnext/convnext_{}_{}.pth"
-  for size in ("tiny", "small", "base", "large"):
-    for tag, res, crop, classes, file in (
-        ("fb_in1k", 224, 0.875, 1000, "1k_224_ema"),
-        ("fb_in22k_ft_in1k", 224, 0.875, 1000, "22k_1k_224"),
-        ("fb_in22k_ft_in1k_384", 384, 1.0, 1000, "22k_1k_384"),
-        ("fb_in22k", 224, 0.875, 21841, "22k_224")):
-      table[f"timm/convnext_{size}.{tag}"] = dict(
-          variant=f"convnext_{size}", source="timm", num_classes=classes,
-          pp=_timm_pp(res, crop), input_size=res,
-          url=f"https://huggingface.co/timm/convnext_{size}.{tag}/resolve/main/model.safetensors",
-          original_url=fb.format(size, file))
-  for size in ("tiny", "small"):
-    for tag, res, crop in (("in12k_ft_in1k", 224, 0.95), ("in12k_ft_in1k_384", 384, 1.0)):
-      table[f"timm/convnext_{size}.{tag}"] = dict(
-          variant=f"convnext_{size}", source="timm", num_classes=1000,
-          pp=_timm_pp(res, crop), input_size=res,
-          url=f"https://huggingface.co/timm/convnext_{size}.{tag}/resolve/main/model.safetensors")
+  # every timm tag of the four sizes (fb_in1k, fb_in22k[_ft_in1k[_384]], in12k_ft_in1k, ...)
+  table.update(pretrained.timm_tags(list(ARCHS)))
   return table
 
 
-# Published weights: torchvision's IMAGENET1K_V1 and timm's fb_* / in12k tags (pp from
-# torchvision's weights `transforms` and timm's pretrained_cfg: crop_pct, bicubic, mean/std).
+# Published weights: torchvision's IMAGENET1K_V1 and every timm tag of ARCHS (pp from
+# torchvision's weights `transforms` and timm's pretrained_cfg facts, `_timm_tags`).
 PRETRAINED: dict[str, dict] = _pretrained()
 
 

@@ -406,10 +406,12 @@ ARCHS: dict[str, dict] = {name: {**decode_variant(v), **kw} for name, (v, kw) in
     "vit_base_patch14_reg4_dinov2": ("B/14", _REG4),
 }.items()}
 
+TORCHVISION_ARCHS = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
+
 # Published weights -> variant, eval transform (pp string), file; read off torchvision's
 # weights enums (transforms(), url) and timm's pretrained_cfg. torchvision's DEFAULT is
 # IMAGENET1K_V1, except vit_h_14 (IMAGENET1K_SWAG_E2E_V1).
-_tv, _timm = pretrained.torchvision, pretrained.timm
+_tv = pretrained.torchvision
 PRETRAINED: dict[str, dict] = {
     **_tv("vit_b_16.IMAGENET1K_V1", "vit_b_16-c867db91.pth", 256, 224, "bilinear"),
     **_tv("vit_b_16.IMAGENET1K_SWAG_E2E_V1", "vit_b_16_swag-9ac1b537.pth", 384, 384, "bicubic"),
@@ -424,35 +426,8 @@ PRETRAINED: dict[str, dict] = {
     **_tv("vit_h_14.IMAGENET1K_SWAG_E2E_V1", "vit_h_14_swag-80465313.pth", 518, 518, "bicubic"),
     **_tv("vit_h_14.IMAGENET1K_SWAG_LINEAR_V1", "vit_h_14_lc_swag-c1eb923e.pth", 224, 224,
           "bicubic"),
-    **_timm("vit_base_patch16_224.augreg2_in21k_ft_in1k", 224, 0.9, norm="inception"),
-    **_timm("vit_base_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, norm="inception"),
-    **_timm("vit_small_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, norm="inception"),
-    **_timm("vit_large_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, norm="inception"),
-    **_timm("vit_base_patch16_384.augreg_in21k_ft_in1k", 384, 1.0, norm="inception"),
-    **_timm("deit_tiny_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
-    **_timm("deit_small_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
-    **_timm("deit_base_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
-    **_timm("deit_base_patch16_384.fb_in1k", 384, 1.0, norm="imagenet"),
-    **_timm("deit3_small_patch16_224.fb_in22k_ft_in1k", 224, 1.0, norm="imagenet"),
-    **_timm("deit3_base_patch16_224.fb_in22k_ft_in1k", 224, 1.0, norm="imagenet"),
-    **_timm("deit3_base_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
-    **_timm("deit3_large_patch16_224.fb_in22k_ft_in1k", 224, 1.0, norm="imagenet"),
-    **_timm("deit3_base_patch16_384.fb_in22k_ft_in1k", 384, 1.0, norm="imagenet"),
-    **_timm("vit_base_patch16_clip_224.openai_ft_in12k_in1k", 224, 0.95, norm="clip"),
-    **_timm("vit_base_patch16_clip_224.openai_ft_in1k", 224, 0.9, norm="clip"),
-    **_timm("vit_base_patch16_clip_224.laion2b_ft_in12k_in1k", 224, 0.95, norm="clip"),
-    **_timm("vit_base_patch16_clip_224.laion2b_ft_in1k", 224, 1.0, norm="clip"),
-    **_timm("vit_base_patch32_clip_224.openai_ft_in1k", 224, 0.9, norm="clip"),
-    **_timm("vit_large_patch14_clip_224.openai_ft_in12k_in1k", 224, 1.0, norm="clip"),
-    **_timm("vit_base_patch16_clip_384.laion2b_ft_in12k_in1k", 384, 1.0, norm="clip",
-            crop_mode="squash"),
-    **_timm("deit3_base_patch16_384.fb_in1k", 384, 1.0, norm="imagenet"),
-    **_timm("deit3_large_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
-    **_timm("deit3_small_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
-    **_timm("vit_base_patch32_clip_224.laion2b_ft_in12k_in1k", 224, 0.9, norm="clip"),
-    **_timm("vit_large_patch14_clip_224.laion2b_ft_in12k_in1k", 224, 1.0, norm="inception"),
-    **_timm("vit_small_patch14_reg4_dinov2.lvd142m", 518, 1.0, norm="imagenet", num_classes=0),
-    **_timm("vit_base_patch14_reg4_dinov2.lvd142m", 518, 1.0, norm="imagenet", num_classes=0),
+    # every timm tag of the timm architectures (ARCHS; the torchvision ones are vit_[bhl]_*)
+    **pretrained.timm_tags([a for a in ARCHS if a not in TORCHVISION_ARCHS]),
 }
 
 
