@@ -206,5 +206,8 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = N
   del model_cfg   # torchvision is the only source
   init_params = jax.device_get(init_params)
   sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
-  flat = convert_regnet.convert(sd, source=init_file, hint=DOWNLOAD_HINT)
-  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load)
+  where: dict[str, str] = {}
+  flat = convert_regnet.convert(sd, source=init_file, hint=DOWNLOAD_HINT, where=where)
+  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load, sd=sd,
+                              where=where,
+                              torch_module=convert_regnet.torch_module)

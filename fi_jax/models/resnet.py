@@ -227,5 +227,7 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = N
   del model_cfg
   init_params = jax.device_get(init_params)
   sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
-  flat = convert_resnet.convert(sd, source=init_file, hint=DOWNLOAD_HINT)
-  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load)
+  where: dict[str, str] = {}
+  flat = convert_resnet.convert(sd, source=init_file, hint=DOWNLOAD_HINT, where=where)
+  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load, sd=sd,
+                              where=where)

@@ -179,5 +179,8 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = N
   del model_cfg   # timm is the only source
   init_params = jax.device_get(init_params)
   sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
-  flat = convert_resnetv2.convert(sd, source=init_file, hint=DOWNLOAD_HINT)
-  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load)
+  where: dict[str, str] = {}
+  flat = convert_resnetv2.convert(sd, source=init_file, hint=DOWNLOAD_HINT, where=where)
+  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load, sd=sd,
+                              where=where,
+                              torch_module=convert_resnetv2.torch_module)

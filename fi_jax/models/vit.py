@@ -404,7 +404,58 @@ ARCHS: dict[str, dict] = {name: {**decode_variant(v), **kw} for name, (v, kw) in
     "vit_base_patch16_clip_384": ("B/16", _CLIP), "vit_large_patch14_clip_224": ("L/14", _CLIP),
     "vit_small_patch14_reg4_dinov2": ("S/14", _REG4),
     "vit_base_patch14_reg4_dinov2": ("B/14", _REG4),
+    # more patch sizes / resolutions of the original and AugReg ViTs; MIIL (no qkv bias)
+    "vit_base_patch8_224": ("B/8", _TORCH), "vit_tiny_patch16_384": ("Ti/16", _TORCH),
+    "vit_small_patch16_384": ("S/16", _TORCH), "vit_small_patch32_384": ("S/32", _TORCH),
+    "vit_base_patch32_384": ("B/32", _TORCH), "vit_large_patch32_384": ("L/32", _TORCH),
+    "vit_base_patch16_224_miil": ("B/16", _TORCH),
+    # CLIP fine-tunes at more sizes
+    "vit_base_patch32_clip_384": ("B/32", _CLIP), "vit_base_patch32_clip_448": ("B/32", _CLIP),
+    "vit_large_patch14_clip_336": ("L/14", _CLIP), "vit_huge_patch14_clip_224": ("H/14", _CLIP),
+    "vit_huge_patch14_clip_336": ("H/14", _CLIP),
 }.items()}
+
+
+def _dims(width: int, depth: int, heads: int, mlp_ratio: float = 4.0, patch: int = 16) -> dict:
+  """timm's model_args (embed_dim, depth, num_heads, mlp_ratio, patch_size) as _Model fields;
+  the MLP width is timm's int(embed_dim * mlp_ratio)."""
+  return dict(width=width, depth=depth, num_heads=heads, mlp_dim=int(width * mlp_ratio),
+              patch_size=(patch, patch))
+
+
+# timm's global-average-pool ViTs (Searching for Better ViT Baselines, `sbb` tags, and the
+# SigLIP fine-tunes): no class token, the mean of the patch tokens (register tokens excluded)
+# through `fc_norm` (or the final norm on the tokens where timm sets fc_norm=False); most have
+# LayerScale, registers without a position embedding (no_embed_class) and qkv biases. A file
+# without qkv biases (qkv_bias=False models) loads as zero biases (the same function).
+_GAP = dict(_TORCH, pool_type="gap", class_token=False, fc_norm=True)
+_SBB = dict(_GAP, layerscale=1e-5)
+_NO_FC_NORM = dict(fc_norm=False)
+for _size in (256, 384):
+  ARCHS[f"vit_medium_patch16_gap_{_size}"] = {**_dims(512, 12, 8), **_SBB, **_NO_FC_NORM}
+for _name, _dim, _regs in (
+    ("vit_wee_patch16_reg1_gap_256", _dims(256, 14, 4, 5), 1),
+    ("vit_little_patch16_reg1_gap_256", _dims(320, 14, 5, 5.6), 1),
+    ("vit_little_patch16_reg4_gap_256", _dims(320, 14, 5, 5.6), 4),
+    ("vit_medium_patch16_reg1_gap_256", _dims(512, 12, 8), 1),
+    ("vit_medium_patch16_reg4_gap_256", _dims(512, 12, 8), 4),
+    ("vit_mediumd_patch16_reg4_gap_256", _dims(512, 20, 8), 4),
+    ("vit_mediumd_patch16_reg4_gap_384", _dims(512, 20, 8), 4),
+    ("vit_betwixt_patch16_reg1_gap_256", _dims(640, 12, 10), 1),
+    ("vit_betwixt_patch16_reg4_gap_256", _dims(640, 12, 10), 4),
+    ("vit_betwixt_patch16_reg4_gap_384", _dims(640, 12, 10), 4),
+    ("vit_so150m_patch16_reg4_gap_256", _dims(896, 18, 14, 2.572), 4),
+    ("vit_so150m_patch16_reg4_gap_384", _dims(896, 18, 14, 2.572), 4),
+    ("vit_so150m2_patch16_reg1_gap_256", _dims(832, 21, 13, 34 / 13), 1),
+    ("vit_so150m2_patch16_reg1_gap_384", _dims(832, 21, 13, 34 / 13), 1),
+    ("vit_so150m2_patch16_reg1_gap_448", _dims(832, 21, 13, 34 / 13), 1)):
+  # so150m: no LayerScale, fc_norm=False, posemb over the registers too (folded on load)
+  ARCHS[_name] = {**_dim, **_SBB, "num_registers": _regs, **(
+      dict(_NO_FC_NORM, layerscale=None) if _name.startswith("vit_so150m_") else {})}
+ARCHS["vit_so400m_patch14_siglip_378"] = {**_dims(1152, 27, 16, 3.7362, 14), **_TORCH,
+                                          "pool_type": "map", "class_token": False}
+ARCHS["vit_so400m_patch14_siglip_gap_378"] = {**_dims(1152, 27, 16, 3.7362, 14), **_GAP,
+                                              **_NO_FC_NORM}
 
 TORCHVISION_ARCHS = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
 

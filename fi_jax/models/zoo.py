@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from fi_jax.data import preprocess
 from fi_jax.models import _pretrained as pretrained
+from fi_jax.models._checkpoints import CheckpointError
 
 # Model files with a `PRETRAINED` table, in the order `names()` lists them.
 FAMILIES = ("resnet", "resnetv2", "regnet", "convnext", "swin", "efficientnet", "vit")
@@ -160,7 +161,9 @@ def from_pretrained(name: str, ckpt: str, **overrides) -> tuple[Any, dict, dict[
   """(model, params, info) of a published checkpoint `name` read from the local file `ckpt`
   (.pth weights-only, .bin or .safetensors). `overrides` go to the family's `Model` (e.g.
   dtype="bfloat16", or smaller widths for a stand-in file). The model is initialised at
-  info["input_size"] as shapes only: every value comes from the checkpoint."""
+  info["input_size"] as shapes only: every value comes from the checkpoint. A file that does
+  not fit raises CheckpointError naming the file's key and shape, the model's, and where the
+  named checkpoint is downloaded."""
   info = resolve(name)
   if not os.path.exists(ckpt):
     raise FileNotFoundError(f"Checkpoint file {ckpt!r} of {info['name']} not found; download "
@@ -170,7 +173,10 @@ def from_pretrained(name: str, ckpt: str, **overrides) -> tuple[Any, dict, dict[
   model = mod.Model(**model_kw)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),
                           jnp.zeros(init_shape(info), jnp.float32))["params"]
-  params = mod.load(shapes, ckpt, model_kw)
+  try:
+    params = mod.load(shapes, ckpt, model_kw)
+  except CheckpointError as e:
+    raise CheckpointError(f"{e} {info['name']}'s weights: {info['url']}") from None
   return model, params, {**info, "model": model_kw}
 
 

@@ -35,6 +35,21 @@ def _module(module: str, leaf: str, v: np.ndarray) -> Optional[str]:
 
 
 def convert(sd: Mapping[str, np.ndarray], source: str = "checkpoint",
-            hint: str = "") -> dict[str, np.ndarray]:
+            hint: str = "", where: Optional[dict[str, str]] = None) -> dict[str, np.ndarray]:
   """torchvision RegNet state dict -> flat {flax path: array}."""
-  return convert_resnet.convert_with(sd, _module, "torchvision RegNet", source, hint)
+  return convert_resnet.convert_with(sd, _module, "torchvision RegNet", source, hint,
+                                     where)
+
+
+def torch_module(module: str) -> Optional[str]:
+  """flax module -> torchvision name ('block3_1/b_bn' -> 'trunk_output.block3.block3-1.f.b.1')."""
+  if module == "head":
+    return "fc"
+  if m := re.fullmatch(r"stem_(conv|bn)", module):
+    return f"stem.{'0' if m[1] == 'conv' else '1'}"
+  if m := re.fullmatch(r"block(\d)_(\d+)/(proj|a|b|c)_(conv|bn)", module):
+    sub = m[3] if m[3] == "proj" else f"f.{m[3]}"
+    return f"trunk_output.block{m[1]}.block{m[1]}-{m[2]}.{sub}.{'0' if m[4] == 'conv' else '1'}"
+  if m := re.fullmatch(r"block(\d)_(\d+)/se/(fc[12])", module):
+    return f"trunk_output.block{m[1]}.block{m[1]}-{m[2]}.f.se.{m[3]}"
+  return None
