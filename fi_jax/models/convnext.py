@@ -30,6 +30,7 @@ ARCHS: dict[str, dict] = {
     "convnext_small": dict(depths=(3, 3, 27, 3), dims=(96, 192, 384, 768)),
     "convnext_base": dict(depths=(3, 3, 27, 3), dims=(128, 256, 512, 1024)),
     "convnext_large": dict(depths=(3, 3, 27, 3), dims=(192, 384, 768, 1536)),
+    "convnext_xlarge": dict(depths=(3, 3, 27, 3), dims=(256, 512, 1024, 2048)),   # timm only
 }
 
 def _tv_pp(resize: int) -> str:

@@ -175,6 +175,10 @@ def _archs() -> dict[str, dict]:
     archs[f"timm/efficientnet_b{i}"] = {**timm_arch("efficientnet", w, dm), "source": "timm"}
     archs[f"timm/tf_efficientnet_b{i}"] = {**timm_arch("efficientnet", w, dm, tf=True),
                                            "source": "timm"}
+  # timm's larger TF ports (EfficientNet paper's B8 and Noisy Student's L2)
+  for name, (w, dm) in (("b8", (2.2, 3.6)), ("l2", (4.3, 5.3))):
+    archs[f"timm/tf_efficientnet_{name}"] = {**timm_arch("efficientnet", w, dm, tf=True),
+                                             "source": "timm"}
   for s in "sml":
     archs[f"efficientnet_v2_{s}"] = {**torchvision_arch(_TV_V2[s], last_channel=1280,
                                                         bn_eps=1e-3), "source": "torchvision"}

@@ -30,6 +30,7 @@ from fi_jax.models.convert import resnet as convert_resnet
 _BOTTLENECK, _BASIC = "bottleneck", "basic"
 _DEEP = dict(stem="deep", stem_width=32)
 _D = dict(stem="deep", stem_width=32, avg_down=True)
+_T = dict(stem="deep_tiered", stem_width=32, avg_down=True)
 
 # variant -> ResNet fields (timm's and torchvision's constructors, same names where shared).
 ARCHS: dict[str, dict] = {
@@ -57,6 +58,16 @@ ARCHS: dict[str, dict] = {
     "resnet152d": dict(depths=(3, 8, 36, 3), **_D),
     "resnet200d": dict(depths=(3, 24, 36, 3), **_D),
     "resnext50d_32x4d": dict(depths=(3, 4, 6, 3), groups=32, width_per_group=4, **_D),
+    "resnet101c": dict(depths=(3, 4, 23, 3), **_DEEP),
+    "resnet152c": dict(depths=(3, 8, 36, 3), **_DEEP),
+    "resnet101s": dict(depths=(3, 4, 23, 3), stem="deep", stem_width=64),
+    "resnet152s": dict(depths=(3, 8, 36, 3), stem="deep", stem_width=64),
+    "resnext101_32x16d": dict(depths=(3, 4, 23, 3), groups=32, width_per_group=16),
+    "resnext101_32x32d": dict(depths=(3, 4, 23, 3), groups=32, width_per_group=32),
+    # timm 't' variants: the tiered deep stem (24, 32, 64) and avg-pool shortcuts
+    "resnet10t": dict(block=_BASIC, depths=(1, 1, 1, 1), **_T),
+    "resnet14t": dict(depths=(1, 1, 1, 1), **_T),
+    "resnet26t": dict(depths=(2, 2, 2, 2), **_T),
 }
 
 # timm architectures this module builds: all of ARCHS that timm publishes weights for.

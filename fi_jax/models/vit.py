@@ -452,6 +452,19 @@ for _name, _dim, _regs in (
   # so150m: no LayerScale, fc_norm=False, posemb over the registers too (folded on load)
   ARCHS[_name] = {**_dim, **_SBB, "num_registers": _regs, **(
       dict(_NO_FC_NORM, layerscale=None) if _name.startswith("vit_so150m_") else {})}
+# DeiT-III at more sizes; FlexiViT (class token without a posemb slot, at 240 px); EVA-L
+# fine-tunes that are plain ViTs (class token kept, average pool of the patches + fc_norm)
+for _name, _dim in (("deit3_small_patch16_384", _dims(384, 12, 6)),
+                    ("deit3_medium_patch16_224", _dims(512, 12, 8)),
+                    ("deit3_large_patch16_384", _dims(1024, 24, 16)),
+                    ("deit3_huge_patch14_224", _dims(1280, 32, 16, patch=14))):
+  ARCHS[_name] = {**_dim, **_LS}
+for _name, _v in (("flexivit_small", "S/16"), ("flexivit_base", "B/16"),
+                  ("flexivit_large", "L/16")):
+  ARCHS[_name] = {**decode_variant(_v), **_TORCH}
+for _size in (196, 336):
+  ARCHS[f"eva_large_patch14_{_size}"] = {**decode_variant("L/14"), **_TORCH, "pool_type": "gap",
+                                         "class_token": True, "fc_norm": True}
 ARCHS["vit_so400m_patch14_siglip_378"] = {**_dims(1152, 27, 16, 3.7362, 14), **_TORCH,
                                           "pool_type": "map", "class_token": False}
 ARCHS["vit_so400m_patch14_siglip_gap_378"] = {**_dims(1152, 27, 16, 3.7362, 14), **_GAP,
