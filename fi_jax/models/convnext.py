@@ -31,6 +31,11 @@ ARCHS: dict[str, dict] = {
     "convnext_base": dict(depths=(3, 3, 27, 3), dims=(128, 256, 512, 1024)),
     "convnext_large": dict(depths=(3, 3, 27, 3), dims=(192, 384, 768, 1536)),
     "convnext_xlarge": dict(depths=(3, 3, 27, 3), dims=(256, 512, 1024, 2048)),   # timm only
+    # timm's small ones (conv_mlp=True: the MLP as 1x1 convs, the same function)
+    "convnext_atto": dict(depths=(2, 2, 6, 2), dims=(40, 80, 160, 320)),
+    "convnext_femto": dict(depths=(2, 2, 6, 2), dims=(48, 96, 192, 384)),
+    "convnext_pico": dict(depths=(2, 2, 6, 2), dims=(64, 128, 256, 512)),
+    "convnext_nano": dict(depths=(2, 2, 8, 2), dims=(80, 160, 320, 640)),
 }
 
 def _tv_pp(resize: int) -> str:

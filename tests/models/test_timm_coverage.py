@@ -23,8 +23,8 @@ from fi_jax.models import _checkpoints, zoo
 from fi_jax.models.convert import readers
 
 # The targets are 45% of all and 90% of vit_*; these floors pin what is ported now.
-MIN_COVERAGE_ALL = 0.20
-MIN_COVERAGE_VIT = 0.60
+MIN_COVERAGE_ALL = 0.28
+MIN_COVERAGE_VIT = 0.65
 
 
 @functools.lru_cache(maxsize=None)
@@ -96,14 +96,11 @@ def shape_groups() -> dict[tuple, str]:
 # Loading every group takes minutes on a loaded 2-core machine (21 min for 130 groups under a
 # load of 8); the suite loads a fixed, deterministic sample (every family, the ViT options).
 # FI_JAX_TIMM_COVERAGE=all loads every group, FI_JAX_TIMM_COVERAGE=<family> those of a family.
-SAMPLE = ("resnet50.a1_in1k", "resnet50d.ra2_in1k", "resnetv2_50x1_bit.goog_distilled_in1k",
+SAMPLE = ("resnet26t.ra2_in1k", "resnetv2_50x1_bit.goog_distilled_in1k",
           "convnext_tiny.fb_in1k", "swinv2_tiny_window8_256.ms_in1k",
-          "efficientnet_b0.ra_in1k", "tf_efficientnetv2_s.in1k",
-          "vit_base_patch16_224.sam_in1k", "vit_base_patch16_224_miil.in21k_ft_in1k",
-          "vit_medium_patch16_reg4_gap_256.sbb_in1k", "vit_so150m_patch16_reg4_gap_256"
-          ".sbb_e250_in12k_ft_in1k", "vit_so400m_patch14_siglip_378.webli_ft_in1k",
-          "vit_base_patch32_clip_448.laion2b_ft_in12k_in1k", "deit3_small_patch16_224.fb_in1k",
-          "regnety_040.ra3_in1k", "regnetx_080.tv2_in1k")
+          "efficientnet_b0.ra_in1k", "regnety_040.ra3_in1k",
+          "vit_base_patch16_224_miil.in21k_ft_in1k",
+          "vit_so150m_patch16_reg4_gap_256.sbb_e250_in12k_ft_in1k")
 
 
 def _cases():

@@ -41,6 +41,12 @@ def _stages(init_params: Mapping[str, Any]) -> list[int]:
   return [depths[i] for i in range(len(depths))]
 
 
+def _dense_or_1x1(w):
+  """Linear (O, I), or the 1x1 conv (O, I, 1, 1) of timm's conv_mlp models (atto..nano: the
+  same map per position) -> flax (I, O)."""
+  return keymap.dense(w.reshape(w.shape[:2]) if w.ndim == 4 and w.shape[2:] == (1, 1) else w)
+
+
 def key_map(init_params: Mapping[str, Any], source: str) -> dict[str, tuple[str, Any]]:
   """{flax leaf path: (torch key, transform)} for every leaf of `init_params`."""
   tv = source == "torchvision"
@@ -52,7 +58,7 @@ def key_map(init_params: Mapping[str, Any], source: str) -> dict[str, tuple[str,
       spec[f"{path}/bias"] = (f"{key}.bias", keymap.same)
 
   def dense(path, key):
-    spec[f"{path}/kernel"] = (f"{key}.weight", keymap.dense)
+    spec[f"{path}/kernel"] = (f"{key}.weight", _dense_or_1x1)
     spec[f"{path}/bias"] = (f"{key}.bias", keymap.same)
 
   def norm(path, key):
