@@ -68,6 +68,17 @@ ARCHS: dict[str, dict] = {
     "resnet10t": dict(block=_BASIC, depths=(1, 1, 1, 1), **_T),
     "resnet14t": dict(depths=(1, 1, 1, 1), **_T),
     "resnet26t": dict(depths=(2, 2, 2, 2), **_T),
+    # timm SE-ResNe(X)ts: Squeeze-Excitation after each block's last BN
+    "seresnet50": dict(depths=(3, 4, 6, 3), se=True),
+    "seresnet152d": dict(depths=(3, 8, 36, 3), se=True, **_D),
+    "seresnext26d_32x4d": dict(depths=(2, 2, 2, 2), groups=32, width_per_group=4, se=True, **_D),
+    "seresnext26t_32x4d": dict(depths=(2, 2, 2, 2), groups=32, width_per_group=4, se=True, **_T),
+    "seresnext50_32x4d": dict(depths=(3, 4, 6, 3), groups=32, width_per_group=4, se=True),
+    "seresnext101_32x4d": dict(depths=(3, 4, 23, 3), groups=32, width_per_group=4, se=True),
+    "seresnext101_32x8d": dict(depths=(3, 4, 23, 3), groups=32, width_per_group=8, se=True),
+    "seresnext101_64x4d": dict(depths=(3, 4, 23, 3), groups=64, width_per_group=4, se=True),
+    "seresnext101d_32x8d": dict(depths=(3, 4, 23, 3), groups=32, width_per_group=8, se=True,
+                                **_D),
 }
 
 # timm architectures this module builds: all of ARCHS that timm publishes weights for.
@@ -103,11 +114,33 @@ DOWNLOAD_HINT = ("ResNet weights: torchvision's https://download.pytorch.org/mod
                  "(see fi_jax.models.resnet.PRETRAINED)")
 
 
+def se_channels(channels: int) -> int:
+  """timm SEModule's reduction width: make_divisible(channels / 16, 8) (no round-up)."""
+  return max(8, int(channels / 16 + 4) // 8 * 8)
+
+
+class SqueezeExcite(nn.Module):
+  """timm SEModule (attn_layer='se'): x * sigmoid(fc2(relu(fc1(mean_hw(x))))), 1x1 convs with
+  bias, `se_channels(C)` wide."""
+  dtype: str = "float32"
+  precision: Any = blocks.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    conv = functools.partial(blocks.conv, use_bias=True, dtype=blocks.compute_dtype(self.dtype),
+                             precision=self.precision)
+    s = jnp.mean(x, axis=(1, 2), keepdims=True)
+    s = conv(x.shape[-1], 1, name="fc2")(nn.relu(conv(se_channels(x.shape[-1]), 1,
+                                                      name="fc1")(s)))
+    return x * nn.sigmoid(s)
+
+
 class BasicBlock(nn.Module):
   """3x3 (stride) -> BN -> ReLU -> 3x3 -> BN, + shortcut, ReLU (ResNet-18/34)."""
   planes: int
   stride: int = 1
   shortcut: Optional[str] = None   # None (identity) | "conv" | "avg"
+  se: bool = False                 # timm attn_layer='se' after the last BN
   bn_eps: float = 1e-5
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
@@ -119,6 +152,8 @@ class BasicBlock(nn.Module):
     y = nn.relu(blocks.BatchNorm(self.bn_eps, name="bn1")(
         conv(self.planes, 3, self.stride, name="conv1")(x)))
     y = blocks.BatchNorm(self.bn_eps, name="bn2")(conv(self.planes, 3, name="conv2")(y))
+    if self.se:
+      y = SqueezeExcite(self.dtype, self.precision, name="se")(y)
     return nn.relu(y + _shortcut(self, x, self.planes, conv))
 
 
@@ -129,6 +164,7 @@ class Bottleneck(nn.Module):
   shortcut: Optional[str] = None
   groups: int = 1
   width_per_group: int = 64
+  se: bool = False
   bn_eps: float = 1e-5
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
@@ -142,6 +178,8 @@ class Bottleneck(nn.Module):
     y = nn.relu(bn("bn1")(conv(width, 1, name="conv1")(x)))
     y = nn.relu(bn("bn2")(conv(width, 3, self.stride, groups=self.groups, name="conv2")(y)))
     y = bn("bn3")(conv(4 * self.planes, 1, name="conv3")(y))
+    if self.se:
+      y = SqueezeExcite(self.dtype, self.precision, name="se")(y)
     return nn.relu(y + _shortcut(self, x, 4 * self.planes, conv))
 
 
@@ -169,6 +207,7 @@ class ResNet(nn.Module):
   stem: str = "7x7"                 # "7x7" | "deep" | "deep_tiered" (timm stem_type)
   stem_width: int = 64              # 7x7: its channels; deep: the first 3x3s' (out: 2x)
   avg_down: bool = False
+  se: bool = False                  # timm's SE-ResNets (block_args attn_layer='se')
   bn_eps: float = 1e-5
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
@@ -205,7 +244,7 @@ class ResNet(nn.Module):
         shortcut = None
         if b == 0 and (stride != 1 or inplanes != planes * expansion):
           shortcut = "avg" if self.avg_down else "conv"
-        kw = dict(planes=planes, stride=stride, shortcut=shortcut, bn_eps=self.bn_eps,
+        kw = dict(planes=planes, stride=stride, shortcut=shortcut, se=self.se, bn_eps=self.bn_eps,
                   dtype=self.dtype, precision=self.precision, name=f"layer{s + 1}_{b}")
         if self.block == _BOTTLENECK:
           x = Bottleneck(groups=self.groups, width_per_group=self.width_per_group, **kw)(x)

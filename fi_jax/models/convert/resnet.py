@@ -2,7 +2,8 @@
 
 Both libraries name the tensors alike: `conv1` / `bn1` (timm's deep stem: `conv1.{0,1,3,4,6}`
 = conv, BN, conv, BN, conv), `layer{s}.{b}.{conv,bn}{1,2,3}`, `layer{s}.{b}.downsample.{i}`
-(torchvision: 0 = conv, 1 = BN; timm avg_down: 0 = the pool, 1 = conv, 2 = BN) and `fc`.
+(torchvision: 0 = conv, 1 = BN; timm avg_down: 0 = the pool, 1 = conv, 2 = BN), timm's SE
+`layer{s}.{b}.se.fc{1,2}` (1x1 convs with bias) and `fc`.
 The module path is mapped by a table; each tensor's leaf by `torch_leaf` (shared with the
 RegNet / ResNetV2 converters): conv [O, I, kh, kw] -> kernel [kh, kw, I, O], Linear [O, I] ->
 [I, O], BN weight / bias / running_mean / running_var -> scale / bias / mean / var.
@@ -116,6 +117,8 @@ def _module(module: str, leaf: str, v: np.ndarray) -> Optional[str]:
   block, sub = f"layer{m[1]}_{m[2]}", m[3]
   if sub in _BLOCK_LAYERS:
     return f"{block}/{sub}"
+  if sub in ("se.fc1", "se.fc2"):                # timm SE-ResNets
+    return f"{block}/{sub.replace('.', '/')}"
   if re.fullmatch(r"downsample\.[0-2]", sub):   # conv or BN, told apart by the tensor
     return f"{block}/downsample_{'conv' if leaf == 'weight' and v.ndim == 4 else 'bn'}"
   return None
