@@ -6,8 +6,7 @@
 Names are "torchvision/<model>[.<weights enum>]" and "timm/<model>[.<tag>]", as the libraries
 spell them. Without a tag the name means the library's default: torchvision's `DEFAULT`
 weights of that model (recorded below, `TORCHVISION_DEFAULTS`), timm's default pretrained tag
-(`TIMM_DEFAULTS`, from the recorded timm facts in
-`_timm_tags`); nothing imports torch or timm.
+(`TIMM_DEFAULTS`, from the timm facts recorded in `_timm_tags`); nothing imports torch or timm.
 
 The names come from the `PRETRAINED` tables of the family modules (`FAMILIES`). A family
 registers timm weights by architecture, not by tag: its table holds
@@ -91,8 +90,8 @@ def table() -> dict[str, dict]:
   return _TABLE
 
 
-# timm: model -> its default pretrained tag (timm's first; filled with `table()`, for the
-# models of the table).
+# timm: model -> its default pretrained tag (`timm.models.get_pretrained_cfg(model).tag`, as
+# recorded in `_timm_tags.DEFAULT_TAGS`), for the models of the table; filled by `table()`.
 TIMM_DEFAULTS: dict[str, str] = {}
 _DEFAULTS = {"torchvision": TORCHVISION_DEFAULTS, "timm": TIMM_DEFAULTS}
 
