@@ -93,8 +93,8 @@ def shape_groups() -> dict[tuple, str]:
   return out
 
 
-# Loading every group takes minutes on a loaded 2-core machine (21 min for 130 groups under a
-# load of 8); the suite loads a fixed, deterministic sample (every family, the ViT options).
+# Loading every group takes many minutes on a 2-core machine (docs/performance.md); the suite
+# loads a fixed, deterministic sample (every family, the ViT options).
 # FI_JAX_TIMM_COVERAGE=all loads every group, FI_JAX_TIMM_COVERAGE=<family> those of a family.
 SAMPLE = ("resnet26t.ra2_in1k", "resnetv2_50x1_bit.goog_distilled_in1k",
           "convnext_tiny.fb_in1k", "swinv2_tiny_window8_256.ms_in1k",
