@@ -190,8 +190,8 @@ def test_regnet_matches_timm(se, tmp_path):
   fields = _timm_fields(ref)
   assert len(set(fields["widths"])) > 1 and (fields["se_ratio"] is None) == (se == 0)
   model = regnet.RegNet(NUM_CLASSES, **fields)
-  params = regnet.load(_init(model), path)
-  x = _images(64)
+  params = regnet.load(_init(model, 32), path)
+  x = _images(32)
   logits, out = jax.jit(model.apply)({"params": params}, x)
   seen = {}
   hook = ref.head.fc.register_forward_hook(lambda m, i, o: seen.update(x=i[0]))  # -> None
@@ -212,4 +212,4 @@ def test_regnet_timm_missing_key_names_the_files_key(tmp_path):
   model = regnet.RegNet(NUM_CLASSES, **_timm_fields(ref))
   with pytest.raises(checkpoints.CheckpointError, match=r"'s2\.b1\.conv2\.bn\.running_var' "
                      r"\(the model's 'block2_0/b_bn/var'\).*huggingface\.co/timm"):
-    regnet.load(_init(model), path)
+    regnet.load(_init(model, 32), path)
