@@ -270,7 +270,6 @@ def test_list_command_prints_every_name(capsys):
     main(["list", "--family", "nope"])
 
 
-@pytest.mark.slow
 def test_a_file_that_does_not_fit_names_its_own_keys(tmp_path):
   """torchvision ResNet: the error names the file's key and shape, then the model's, and
   the download url of the named weights."""
