@@ -3,7 +3,7 @@
   python main.py --config=configs/timm.py:name=convnext_tiny.fb_in22k_ft_in1k,ckpt=/ckpts/model.safetensors,data_dir=/tfds
 
 `name` is timm's model name with an optional pretrained tag (no tag = timm's default tag;
-every name: `python -c "from fi_jax.models import zoo; print(zoo.names())"`). The model family,
+every name: `python -m fi_jax.models list`). The model family,
 input size and eval preprocessing (the pretrained config's crop_pct, interpolation, mean/std)
 come from fi_jax.models.zoo. Needs: `ckpt`, the `model.safetensors` of the HF hub repo
 `timm/<name>` (url: `zoo.resolve("timm/<name>")["url"]`), and in `data_dir` the prepared TFDS

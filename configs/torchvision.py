@@ -4,7 +4,7 @@
 
 `name` is torchvision's model name with an optional weights enum member (`resnet50` = its
 DEFAULT weights, IMAGENET1K_V2; `regnet_y_16gf.IMAGENET1K_SWAG_E2E_V1`, `swin_t`, ...; every
-name: `python -c "from fi_jax.models import zoo; print(zoo.names())"`). The model family,
+name: `python -m fi_jax.models list`). The model family,
 input size and eval preprocessing (the weights' `transforms()`) come from fi_jax.models.zoo.
 Needs: `ckpt`, the weights file (the url is `zoo.resolve("torchvision/<name>")["url"]`), and in
 `data_dir` the prepared TFDS sets (see configs/vit.py). `dtype=bfloat16` computes in bf16;

@@ -8,7 +8,7 @@ blocks, pre-Linen names). Reading files is `fi_jax.models.convert.readers`.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -71,14 +71,17 @@ def _shape(x) -> tuple:
 
 def merge_params(loaded: Mapping[str, Any], init: Mapping[str, Any],
                  dont_load: Sequence[str] = (), *, source: str = "checkpoint",
-                 hint: str = "") -> dict:
+                 hint: str = "", file_key: Optional[Callable[[str], Optional[str]]] = None,
+                 file_shapes: Optional[Mapping[str, tuple]] = None) -> dict:
   """Loaded values on the init tree's structure, cast to the init dtypes.
 
   `init` may hold arrays or `jax.ShapeDtypeStruct`s (from `jax.eval_shape(model.init, ...)`,
   which avoids materialising a random init of a big model). Keys matching a `dont_load` regex
   keep their init value. Any missing, extra or differently-shaped key raises one
   CheckpointError that names `source`, the first offending key with both shapes, and `hint`
-  (where to get the right file).
+  (where to get the right file). With `file_key` (model path -> the key the file stores it
+  under, e.g. 'layer3_1/bn2/var' -> 'layer3.1.bn2.running_var') and `file_shapes` ({file
+  key: shape as stored}), the error names the file's key and shape first, then the model's.
   """
   flat_init, flat_loaded = flatten(init), flatten(loaded)
   skip = [re.compile(p) for p in dont_load]
@@ -88,16 +91,30 @@ def merge_params(loaded: Mapping[str, Any], init: Mapping[str, Any],
   bad = [k for k in flat_init if k in flat_loaded and not skipped(k)
          and _shape(flat_loaded[k]) != _shape(flat_init[k])]
   problems = []
+  fkey = (lambda k: None) if file_key is None else file_key
+  shapes = file_shapes or {}
   if bad:
-    k = bad[0]
-    problems.append(f"{len(bad)} shape mismatch(es), first {k!r}: file "
-                    f"{_shape(flat_loaded[k])} vs model {_shape(flat_init[k])}")
+    k, f = bad[0], fkey(bad[0])
+    if f is None:
+      problems.append(f"{len(bad)} shape mismatch(es), first {k!r}: file "
+                      f"{_shape(flat_loaded[k])} vs model {_shape(flat_init[k])}")
+    else:
+      problems.append(
+          f"{len(bad)} shape mismatch(es), first the file's {f!r} of shape "
+          f"{tuple(shapes.get(f, _shape(flat_loaded[k])))}: the model's {k!r} needs "
+          f"{_shape(flat_init[k])} (the file's gives {_shape(flat_loaded[k])} in the model's "
+          f"layout)")
   if missing:
-    problems.append(f"{len(missing)} key(s) missing from the file, first {missing[0]!r} "
-                    f"(model shape {_shape(flat_init[missing[0]])})")
+    k, f = missing[0], fkey(missing[0])
+    what = repr(k) if f is None else f"{f!r} (the model's {k!r})"
+    problems.append(f"{len(missing)} key(s) missing from the file, first {what} "
+                    f"(model shape {_shape(flat_init[k])})")
   if extra:
-    problems.append(f"{len(extra)} unexpected key(s) in the file, first {extra[0]!r} "
-                    f"(shape {_shape(flat_loaded[extra[0]])})")
+    k, f = extra[0], fkey(extra[0])
+    what = (f"{k!r} (shape {_shape(flat_loaded[k])})" if f is None else
+            f"{f!r} (shape {tuple(shapes.get(f, _shape(flat_loaded[k])))}; the model has no "
+            f"{k!r})")
+    problems.append(f"{len(extra)} unexpected key(s) in the file, first {what}")
   if problems:
     raise CheckpointError(f"{source} does not match the model config: " + "; ".join(problems)
                           + (f". {hint}" if hint else "."))
@@ -105,7 +122,7 @@ def merge_params(loaded: Mapping[str, Any], init: Mapping[str, Any],
   for k, v in flat_init.items():
     if k in flat_loaded and not skipped(k):
       dtype = v.dtype if hasattr(v, "dtype") else np.asarray(v).dtype
-      merged[k] = np.asarray(flat_loaded[k]).astype(dtype)
+      merged[k] = np.asarray(flat_loaded[k]).astype(dtype, copy=False)
       check_finite(merged[k], k, source, hint)
     else:
       merged[k] = v

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from fi_jax.data import preprocess
 from fi_jax.models import _blocks
+from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import convnext as convert
 from fi_jax.models.convert import readers
 
@@ -30,18 +31,17 @@ ARCHS: dict[str, dict] = {
     "convnext_small": dict(depths=(3, 3, 27, 3), dims=(96, 192, 384, 768)),
     "convnext_base": dict(depths=(3, 3, 27, 3), dims=(128, 256, 512, 1024)),
     "convnext_large": dict(depths=(3, 3, 27, 3), dims=(192, 384, 768, 1536)),
+    "convnext_xlarge": dict(depths=(3, 3, 27, 3), dims=(256, 512, 1024, 2048)),   # timm only
+    # timm's small ones (conv_mlp=True: the MLP as 1x1 convs, the same function)
+    "convnext_atto": dict(depths=(2, 2, 6, 2), dims=(40, 80, 160, 320)),
+    "convnext_femto": dict(depths=(2, 2, 6, 2), dims=(48, 96, 192, 384)),
+    "convnext_pico": dict(depths=(2, 2, 6, 2), dims=(64, 128, 256, 512)),
+    "convnext_nano": dict(depths=(2, 2, 8, 2), dims=(80, 160, 320, 640)),
 }
 
 def _tv_pp(resize: int) -> str:
   # torchvision ImageClassification: Resize(resize, bilinear) + CenterCrop(224), ImageNet stats.
   return preprocess.torchvision_pp(resize, 224, "bilinear")
-
-
-def _timm_pp(size: int, crop_pct: float) -> str:
-  # timm eval transform: bicubic resize of the short side to floor(size / crop_pct), centre
-  # crop; the 384 px fine-tunes (crop_pct 1.0) 'squash' both sides to `size`.
-  return preprocess.timm_pp(size, crop_pct, "bicubic",
-                            crop_mode="squash" if crop_pct == 1.0 else "center")
 
 
 def _pretrained() -> dict[str, dict]:
@@ -52,29 +52,13 @@ def _pretrained() -> dict[str, dict]:
     table[f"torchvision/convnext_{size}.IMAGENET1K_V1"] = dict(
         variant=f"convnext_{size}", source="torchvision", num_classes=1000, pp=_tv_pp(resize),
         input_size=224, url=f"https://download.pytorch.org/models/convnext_{size}-{sha}.pth")
-  fb = "https://dl.fbaipublicfiles.com/convnext/convnext_{}_{}.pth"
-  for size in ("tiny", "small", "base", "large"):
-    for tag, res, crop, classes, file in (
-        ("fb_in1k", 224, 0.875, 1000, "1k_224_ema"),
-        ("fb_in22k_ft_in1k", 224, 0.875, 1000, "22k_1k_224"),
-        ("fb_in22k_ft_in1k_384", 384, 1.0, 1000, "22k_1k_384"),
-        ("fb_in22k", 224, 0.875, 21841, "22k_224")):
-      table[f"timm/convnext_{size}.{tag}"] = dict(
-          variant=f"convnext_{size}", source="timm", num_classes=classes,
-          pp=_timm_pp(res, crop), input_size=res,
-          url=f"https://huggingface.co/timm/convnext_{size}.{tag}/resolve/main/model.safetensors",
-          original_url=fb.format(size, file))
-  for size in ("tiny", "small"):
-    for tag, res, crop in (("in12k_ft_in1k", 224, 0.95), ("in12k_ft_in1k_384", 384, 1.0)):
-      table[f"timm/convnext_{size}.{tag}"] = dict(
-          variant=f"convnext_{size}", source="timm", num_classes=1000,
-          pp=_timm_pp(res, crop), input_size=res,
-          url=f"https://huggingface.co/timm/convnext_{size}.{tag}/resolve/main/model.safetensors")
+  # every timm tag of the four sizes (fb_in1k, fb_in22k[_ft_in1k[_384]], in12k_ft_in1k, ...)
+  table.update(pretrained.timm_tags(list(ARCHS)))
   return table
 
 
-# Published weights: torchvision's IMAGENET1K_V1 and timm's fb_* / in12k tags (pp from
-# torchvision's weights `transforms` and timm's pretrained_cfg: crop_pct, bicubic, mean/std).
+# Published weights: torchvision's IMAGENET1K_V1 and every timm tag of ARCHS (pp from
+# torchvision's weights `transforms` and timm's pretrained_cfg facts, `_timm_tags`).
 PRETRAINED: dict[str, dict] = _pretrained()
 
 

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from fi_jax.data import preprocess
 from fi_jax.models import _blocks
 from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import efficientnet as convert
 from fi_jax.models.convert import readers
 
@@ -174,6 +175,10 @@ def _archs() -> dict[str, dict]:
     archs[f"timm/efficientnet_b{i}"] = {**timm_arch("efficientnet", w, dm), "source": "timm"}
     archs[f"timm/tf_efficientnet_b{i}"] = {**timm_arch("efficientnet", w, dm, tf=True),
                                            "source": "timm"}
+  # timm's larger TF ports (EfficientNet paper's B8 and Noisy Student's L2)
+  for name, (w, dm) in (("b8", (2.2, 3.6)), ("l2", (4.3, 5.3))):
+    archs[f"timm/tf_efficientnet_{name}"] = {**timm_arch("efficientnet", w, dm, tf=True),
+                                             "source": "timm"}
   for s in "sml":
     archs[f"efficientnet_v2_{s}"] = {**torchvision_arch(_TV_V2[s], last_channel=1280,
                                                         bn_eps=1e-3), "source": "torchvision"}
@@ -209,16 +214,6 @@ def _tv(variant: str, file: str, crop: int, resize: int, method: str, mean=_IN_M
               url=f"https://download.pytorch.org/models/{file}")
 
 
-def _timm(variant: str, tag: str, size: int, crop_pct: float, mean=_IN_MEAN, std=_IN_STD,
-          squash: bool = False) -> tuple[str, dict]:
-  name = f"{variant}.{tag}"
-  return f"timm/{name}", dict(
-      variant=f"timm/{variant}", source="timm", num_classes=1000, input_size=size,
-      pp=preprocess.timm_pp(size, crop_pct, "bicubic", mean, std,
-                            "squash" if squash else "center"),
-      url=f"https://huggingface.co/timm/{name}/resolve/main/model.safetensors")
-
-
 # Published checkpoints: torchvision weight enums (transforms: resize_size, crop_size,
 # interpolation) and timm pretrained_cfg (input_size, crop_pct, crop_mode, mean/std).
 PRETRAINED: dict[str, dict] = {
@@ -246,27 +241,9 @@ PRETRAINED: dict[str, dict] = {
         "efficientnet_v2_m", "efficientnet_v2_m-dc08266a.pth", 480, 480, "bilinear"),
     "torchvision/efficientnet_v2_l.IMAGENET1K_V1": _tv(
         "efficientnet_v2_l", "efficientnet_v2_l-59c71312.pth", 480, 480, "bicubic", _HALF, _HALF),
-    **dict([
-        _timm("efficientnet_b0", "ra_in1k", 224, 0.875),
-        _timm("efficientnet_b1", "ra4_e3600_r240_in1k", 240, 0.9, _HALF, _HALF),
-        _timm("efficientnet_b1", "ft_in1k", 224, 0.875),
-        _timm("efficientnet_b2", "ra_in1k", 256, 0.875),
-        _timm("efficientnet_b3", "ra2_in1k", 288, 0.875),
-        _timm("efficientnet_b4", "ra2_in1k", 320, 0.875),
-        _timm("efficientnet_b5", "sw_in12k_ft_in1k", 448, 1.0, squash=True),
-        _timm("efficientnetv2_rw_t", "ra2_in1k", 224, 1.0),
-        _timm("efficientnetv2_rw_s", "ra2_in1k", 288, 1.0),
-        _timm("efficientnetv2_rw_m", "agc_in1k", 320, 1.0),
-        *[_timm(f"tf_efficientnet_b{i}", tag, size, pct, *norm)
-          for i, (size, pct) in enumerate(((224, 0.875), (240, 0.882), (260, 0.89),
-                                           (300, 0.904), (380, 0.922), (456, 0.934),
-                                           (528, 0.942), (600, 0.949)))
-          for tag, norm in (("ns_jft_in1k", ()), ("ap_in1k", (_HALF, _HALF)),
-                            ("aa_in1k", ()))],
-        *[_timm(f"tf_efficientnetv2_{s}", tag, size, 1.0, _HALF, _HALF, squash=s != "s")
-          for s, size in (("s", 300), ("m", 384), ("l", 384))
-          for tag in ("in21k_ft_in1k", "in1k")],
-    ]),
+    # every timm tag of the timm architectures (ARCHS names them "timm/<model>")
+    **pretrained.timm_tags({a.split("/", 1)[1]: a for a in ARCHS if a.startswith("timm/")
+                            and a.split("/", 1)[1] in pretrained.TIMM_TAGS_BY_MODEL}),
 }
 
 

@@ -1,4 +1,5 @@
-"""torchvision RegNetX / RegNetY in Flax (incl. the SWAG RegNetY weights OpenOOD reports on).
+"""torchvision's and timm's RegNetX / RegNetY in Flax (incl. the SWAG RegNetY weights OpenOOD
+reports on).
 
 Stem (3x3 stride-2 conv, BN, ReLU) -> 4 stages of residual bottleneck blocks -> global
 average pool -> "head". A block: 1x1 conv -> BN -> ReLU -> 3x3 grouped conv (stride on the
@@ -8,9 +9,13 @@ stage come from torchvision's `BlockParams.from_init_params`, tabulated in ARCHS
 
 `Model(1000, variant="regnet_y_16gf")`; `apply({"params": p}, images_nhwc)` returns
 `(logits, out)`: out["pre_logits"] (the pooled last stage = the `fc` input), out["stem"],
-out["stage1".."stage4"]. `load(init, file)` reads torchvision's state dicts
-(fi_jax.models.convert.regnet). Eval transforms: PRETRAINED (the SWAG end-to-end weights
-are evaluated at 384 px, bicubic).
+out["stage1".."stage4"]. `load(init, file)` reads torchvision's and timm's state dicts
+(fi_jax.models.convert.regnet; the layout is read off the keys). timm's regnetx_* /
+regnety_* models are the same network (3x3 stride-2 stem of 32, post-activation bottlenecks
+with ReLU, SE of a quarter of the block's input width, 1x1 conv + BN shortcuts; checked with
+timm 1.0.31 on the meta device): TIMM_ARCHS tabulates their stage depths / widths / group
+widths. Eval transforms: PRETRAINED (the SWAG end-to-end weights are evaluated at 384 px,
+bicubic; timm's from its pretrained_cfg facts).
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from fi_jax.models import _blocks as blocks
+from fi_jax.models import _pretrained as pretrained
 from fi_jax.models._pretrained import torchvision as _tv
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import regnet as convert_regnet
@@ -62,7 +68,50 @@ ARCHS: dict[str, dict] = {
                           group_widths=(168, 168, 168, 168)),
 }
 
-# Published torchvision weights -> variant, eval transform (pp string), file.
+
+def _timm(depths, widths, group_width, se: bool) -> dict:
+  gws = group_width if isinstance(group_width, tuple) else (group_width,) * 4
+  return dict(depths=depths, widths=widths, group_widths=gws, **({"se_ratio": 0.25} if se else {}))
+
+
+# timm's RegNetX / RegNetY (generate_regnet of each model's RegNetCfg, expanded per stage;
+# `_tv` ones are torchvision's widths re-published by timm).
+TIMM_ARCHS: dict[str, dict] = {
+    "regnetx_002": _timm((1, 1, 4, 7), (24, 56, 152, 368), 8, False),
+    "regnetx_004": _timm((1, 2, 7, 12), (32, 64, 160, 384), 16, False),
+    "regnetx_004_tv": _timm((1, 2, 7, 12), (32, 64, 160, 400), 16, False),
+    "regnetx_006": _timm((1, 3, 5, 7), (48, 96, 240, 528), 24, False),
+    "regnetx_008": _timm((1, 3, 7, 5), (64, 128, 288, 672), 16, False),
+    "regnetx_016": _timm((2, 4, 10, 2), (72, 168, 408, 912), 24, False),
+    "regnetx_032": _timm((2, 6, 15, 2), (96, 192, 432, 1008), 48, False),
+    "regnetx_040": _timm((2, 5, 14, 2), (80, 240, 560, 1360), 40, False),
+    "regnetx_064": _timm((2, 4, 10, 1), (168, 392, 784, 1624), 56, False),
+    "regnetx_080": _timm((2, 5, 15, 1), (80, 240, 720, 1920), (80, 120, 120, 120), False),
+    "regnetx_120": _timm((2, 5, 11, 1), (224, 448, 896, 2240), 112, False),
+    "regnetx_160": _timm((2, 6, 13, 1), (256, 512, 896, 2048), 128, False),
+    "regnetx_320": _timm((2, 7, 13, 1), (336, 672, 1344, 2520), 168, False),
+    "regnety_002": _timm((1, 1, 4, 7), (24, 56, 152, 368), 8, True),
+    "regnety_004": _timm((1, 3, 6, 6), (48, 104, 208, 440), 8, True),
+    "regnety_006": _timm((1, 3, 7, 4), (48, 112, 256, 608), 16, True),
+    "regnety_008": _timm((1, 3, 8, 2), (64, 128, 320, 768), 16, True),
+    "regnety_008_tv": _timm((1, 3, 8, 2), (64, 144, 320, 784), 16, True),
+    "regnety_016": _timm((2, 6, 17, 2), (48, 120, 336, 888), 24, True),
+    "regnety_032": _timm((2, 5, 13, 1), (72, 216, 576, 1512), 24, True),
+    "regnety_040": _timm((2, 6, 12, 2), (128, 192, 512, 1088), 64, True),
+    "regnety_064": _timm((2, 7, 14, 2), (144, 288, 576, 1296), 72, True),
+    "regnety_080": _timm((2, 4, 10, 1), (168, 448, 896, 2016), 56, True),
+    "regnety_080_tv": _timm((2, 4, 10, 1), (224, 448, 896, 2016), 56, True),
+    "regnety_120": _timm((2, 5, 11, 1), (224, 448, 896, 2240), 112, True),
+    "regnety_160": _timm((2, 4, 11, 1), (224, 448, 1232, 3024), 112, True),
+    "regnety_320": _timm((2, 5, 12, 1), (232, 696, 1392, 3712), 232, True),
+    "regnety_640": _timm((2, 5, 12, 1), (328, 984, 1968, 4920), 328, True),
+    "regnety_1280": _timm((2, 7, 17, 1), (528, 1056, 2904, 7392), 264, True),
+    "regnety_2560": _timm((2, 7, 17, 1), (746, 1492, 4103, 10444), 373, True),
+}
+ARCHS.update(TIMM_ARCHS)
+
+# Published weights -> variant, eval transform (pp string), file: torchvision's enums, then
+# every timm tag of TIMM_ARCHS.
 PRETRAINED: dict[str, dict] = {
     **_tv("regnet_y_400mf.IMAGENET1K_V1", "regnet_y_400mf-c65dace8.pth"),
     **_tv("regnet_y_400mf.IMAGENET1K_V2", "regnet_y_400mf-e6988f5f.pth", resize=232),
@@ -104,10 +153,12 @@ PRETRAINED: dict[str, dict] = {
     **_tv("regnet_x_16gf.IMAGENET1K_V2", "regnet_x_16gf-ba3796d7.pth", resize=232),
     **_tv("regnet_x_32gf.IMAGENET1K_V1", "regnet_x_32gf-9d47f8d0.pth"),
     **_tv("regnet_x_32gf.IMAGENET1K_V2", "regnet_x_32gf-6eb8fdc6.pth", resize=232),
+    **pretrained.timm_tags(list(TIMM_ARCHS)),
 }
 
 DOWNLOAD_HINT = ("RegNet weights: torchvision's https://download.pytorch.org/models/"
-                 "regnet_<x|y>_<size>[_swag|_lc_swag]-<hash>.pth (see "
+                 "regnet_<x|y>_<size>[_swag|_lc_swag]-<hash>.pth, timm's "
+                 "https://huggingface.co/timm/regnet<x|y>_<size>.<tag> model.safetensors (see "
                  "fi_jax.models.regnet.PRETRAINED)")
 
 
@@ -200,11 +251,16 @@ def Model(num_classes: Optional[int] = 1000, *, variant: str, **kw) -> RegNet:
 
 def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = None,
          dont_load: Sequence[str] = ()) -> dict:
-  """torchvision RegNet state dict (.pth / .safetensors) -> params on `init_params`'s tree
-  (arrays or ShapeDtypeStructs). A model without a head (num_classes=None) drops the file's
-  `fc`; other mismatches raise CheckpointError naming the key and the file."""
-  del model_cfg   # torchvision is the only source
+  """torchvision or timm RegNet state dict (.pth / .safetensors) -> params on `init_params`'s
+  tree (arrays or ShapeDtypeStructs); the layout is read off the keys. A model without a head
+  (num_classes=None) drops the file's `fc` / `head.fc`; other mismatches raise
+  CheckpointError naming the file's key and the file."""
+  del model_cfg   # the layout is read off the keys
   init_params = jax.device_get(init_params)
   sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
-  flat = convert_regnet.convert(sd, source=init_file, hint=DOWNLOAD_HINT)
-  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load)
+  where: dict[str, str] = {}
+  flat = convert_regnet.convert(sd, source=init_file, hint=DOWNLOAD_HINT, where=where)
+  torch_module = (convert_regnet.timm_torch_module if convert_regnet.is_timm(sd)
+                  else convert_regnet.torch_module)
+  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load, sd=sd,
+                              where=where, torch_module=torch_module)

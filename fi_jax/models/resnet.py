@@ -30,6 +30,7 @@ from fi_jax.models.convert import resnet as convert_resnet
 _BOTTLENECK, _BASIC = "bottleneck", "basic"
 _DEEP = dict(stem="deep", stem_width=32)
 _D = dict(stem="deep", stem_width=32, avg_down=True)
+_T = dict(stem="deep_tiered", stem_width=32, avg_down=True)
 
 # variant -> ResNet fields (timm's and torchvision's constructors, same names where shared).
 ARCHS: dict[str, dict] = {
@@ -57,11 +58,35 @@ ARCHS: dict[str, dict] = {
     "resnet152d": dict(depths=(3, 8, 36, 3), **_D),
     "resnet200d": dict(depths=(3, 24, 36, 3), **_D),
     "resnext50d_32x4d": dict(depths=(3, 4, 6, 3), groups=32, width_per_group=4, **_D),
+    "resnet101c": dict(depths=(3, 4, 23, 3), **_DEEP),
+    "resnet152c": dict(depths=(3, 8, 36, 3), **_DEEP),
+    "resnet101s": dict(depths=(3, 4, 23, 3), stem="deep", stem_width=64),
+    "resnet152s": dict(depths=(3, 8, 36, 3), stem="deep", stem_width=64),
+    "resnext101_32x16d": dict(depths=(3, 4, 23, 3), groups=32, width_per_group=16),
+    "resnext101_32x32d": dict(depths=(3, 4, 23, 3), groups=32, width_per_group=32),
+    # timm 't' variants: the tiered deep stem (24, 32, 64) and avg-pool shortcuts
+    "resnet10t": dict(block=_BASIC, depths=(1, 1, 1, 1), **_T),
+    "resnet14t": dict(depths=(1, 1, 1, 1), **_T),
+    "resnet26t": dict(depths=(2, 2, 2, 2), **_T),
+    # timm SE-ResNe(X)ts: Squeeze-Excitation after each block's last BN
+    "seresnet50": dict(depths=(3, 4, 6, 3), se=True),
+    "seresnet152d": dict(depths=(3, 8, 36, 3), se=True, **_D),
+    "seresnext26d_32x4d": dict(depths=(2, 2, 2, 2), groups=32, width_per_group=4, se=True, **_D),
+    "seresnext26t_32x4d": dict(depths=(2, 2, 2, 2), groups=32, width_per_group=4, se=True, **_T),
+    "seresnext50_32x4d": dict(depths=(3, 4, 6, 3), groups=32, width_per_group=4, se=True),
+    "seresnext101_32x4d": dict(depths=(3, 4, 23, 3), groups=32, width_per_group=4, se=True),
+    "seresnext101_32x8d": dict(depths=(3, 4, 23, 3), groups=32, width_per_group=8, se=True),
+    "seresnext101_64x4d": dict(depths=(3, 4, 23, 3), groups=64, width_per_group=4, se=True),
+    "seresnext101d_32x8d": dict(depths=(3, 4, 23, 3), groups=32, width_per_group=8, se=True,
+                                **_D),
 }
+
+# timm architectures this module builds: all of ARCHS that timm publishes weights for.
+TIMM_MODELS = tuple(a for a in ARCHS if a in pretrained.TIMM_TAGS_BY_MODEL)
 
 # Published weights -> variant, eval transform (as a pp string), file. torchvision's are
 # also on the HF hub as timm/<arch>.tv_in1k / .tv2_in1k (the same tensors).
-_tv, _timm = pretrained.torchvision, pretrained.timm
+_tv = pretrained.torchvision
 PRETRAINED: dict[str, dict] = {
     **_tv("resnet18.IMAGENET1K_V1", "resnet18-f37072fd.pth"),
     **_tv("resnet34.IMAGENET1K_V1", "resnet34-b627a593.pth"),
@@ -80,78 +105,8 @@ PRETRAINED: dict[str, dict] = {
     **_tv("resnext101_32x8d.IMAGENET1K_V1", "resnext101_32x8d-8ba56ff5.pth"),
     **_tv("resnext101_32x8d.IMAGENET1K_V2", "resnext101_32x8d-110c445d.pth", resize=232),
     **_tv("resnext101_64x4d.IMAGENET1K_V1", "resnext101_64x4d-173b62eb.pth", resize=232),
-    **_timm("resnet18.a1_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet18.a2_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet18.a3_in1k", 160, 0.95, "bicubic"),
-    **_timm("resnet18.fb_ssl_yfcc100m_ft_in1k", 224, 0.875, "bilinear"),
-    **_timm("resnet18.fb_swsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
-    **_timm("resnet18.gluon_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet34.a1_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet34.a2_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet34.a3_in1k", 160, 0.95, "bicubic"),
-    **_timm("resnet34.bt_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet34.gluon_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet34.ra4_e3600_r224_in1k", 224, 0.9, "bicubic", norm="inception"),
-    **_timm("resnet26.bt_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet50.a1_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet50.a1h_in1k", 176, 0.9, "bicubic"),
-    **_timm("resnet50.a2_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet50.a3_in1k", 160, 0.95, "bicubic"),
-    **_timm("resnet50.am_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet50.b1k_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet50.b2k_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet50.bt_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet50.c1_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet50.c2_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet50.d_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet50.fb_ssl_yfcc100m_ft_in1k", 224, 0.875, "bilinear"),
-    **_timm("resnet50.fb_swsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
-    **_timm("resnet50.gluon_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet50.ra_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet50.ram_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet101.a1_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet101.a1h_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet101.a2_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet101.a3_in1k", 160, 0.95, "bicubic"),
-    **_timm("resnet101.gluon_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet152.a1_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet152.a1h_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet152.a2_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet152.a3_in1k", 160, 0.95, "bicubic"),
-    **_timm("resnet152.gluon_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet18d.ra2_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet18d.ra4_e3600_r224_in1k", 224, 0.9, "bicubic", norm="inception"),
-    **_timm("resnet34d.ra2_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet26d.bt_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet50d.a1_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet50d.a2_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnet50d.a3_in1k", 160, 0.95, "bicubic"),
-    **_timm("resnet50d.gluon_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet50d.ra2_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet50d.ra4_e3600_r224_in1k", 224, 0.95, "bicubic", norm="inception"),
-    **_timm("resnet101d.gluon_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet101d.ra2_in1k", 256, 0.95, "bicubic"),
-    **_timm("resnet152d.gluon_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet152d.ra2_in1k", 256, 0.95, "bicubic"),
-    **_timm("resnet200d.ra2_in1k", 256, 0.95, "bicubic"),
-    **_timm("resnet50c.gluon_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnet50s.gluon_in1k", 224, 0.875, "bicubic"),
-    **_timm("wide_resnet50_2.racm_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnext50_32x4d.a1_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnext50_32x4d.a1h_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnext50_32x4d.a2_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnext50_32x4d.a3_in1k", 160, 0.95, "bicubic"),
-    **_timm("resnext50_32x4d.fb_ssl_yfcc100m_ft_in1k", 224, 0.875, "bilinear"),
-    **_timm("resnext50_32x4d.fb_swsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
-    **_timm("resnext50_32x4d.gluon_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnext50_32x4d.ra_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnext50d_32x4d.bt_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnext101_32x8d.tv_in1k", 224, 0.875, "bilinear"),
-    **_timm("resnext101_32x8d.fb_ssl_yfcc100m_ft_in1k", 224, 0.875, "bilinear"),
-    **_timm("resnext101_32x8d.fb_swsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
-    **_timm("resnext101_32x8d.fb_wsl_ig1b_ft_in1k", 224, 0.875, "bilinear"),
-    **_timm("resnext101_64x4d.c1_in1k", 224, 0.95, "bicubic"),
-    **_timm("resnext101_64x4d.gluon_in1k", 224, 0.875, "bicubic"),
+    # every timm tag of these architectures (timm and torchvision share the key layout)
+    **pretrained.timm_tags(TIMM_MODELS),
 }
 
 DOWNLOAD_HINT = ("ResNet weights: torchvision's https://download.pytorch.org/models/<arch>-<hash>"
@@ -159,11 +114,33 @@ DOWNLOAD_HINT = ("ResNet weights: torchvision's https://download.pytorch.org/mod
                  "(see fi_jax.models.resnet.PRETRAINED)")
 
 
+def se_channels(channels: int) -> int:
+  """timm SEModule's reduction width: make_divisible(channels / 16, 8) (no round-up)."""
+  return max(8, int(channels / 16 + 4) // 8 * 8)
+
+
+class SqueezeExcite(nn.Module):
+  """timm SEModule (attn_layer='se'): x * sigmoid(fc2(relu(fc1(mean_hw(x))))), 1x1 convs with
+  bias, `se_channels(C)` wide."""
+  dtype: str = "float32"
+  precision: Any = blocks.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    conv = functools.partial(blocks.conv, use_bias=True, dtype=blocks.compute_dtype(self.dtype),
+                             precision=self.precision)
+    s = jnp.mean(x, axis=(1, 2), keepdims=True)
+    s = conv(x.shape[-1], 1, name="fc2")(nn.relu(conv(se_channels(x.shape[-1]), 1,
+                                                      name="fc1")(s)))
+    return x * nn.sigmoid(s)
+
+
 class BasicBlock(nn.Module):
   """3x3 (stride) -> BN -> ReLU -> 3x3 -> BN, + shortcut, ReLU (ResNet-18/34)."""
   planes: int
   stride: int = 1
   shortcut: Optional[str] = None   # None (identity) | "conv" | "avg"
+  se: bool = False                 # timm attn_layer='se' after the last BN
   bn_eps: float = 1e-5
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
@@ -175,6 +152,8 @@ class BasicBlock(nn.Module):
     y = nn.relu(blocks.BatchNorm(self.bn_eps, name="bn1")(
         conv(self.planes, 3, self.stride, name="conv1")(x)))
     y = blocks.BatchNorm(self.bn_eps, name="bn2")(conv(self.planes, 3, name="conv2")(y))
+    if self.se:
+      y = SqueezeExcite(self.dtype, self.precision, name="se")(y)
     return nn.relu(y + _shortcut(self, x, self.planes, conv))
 
 
@@ -185,6 +164,7 @@ class Bottleneck(nn.Module):
   shortcut: Optional[str] = None
   groups: int = 1
   width_per_group: int = 64
+  se: bool = False
   bn_eps: float = 1e-5
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
@@ -198,6 +178,8 @@ class Bottleneck(nn.Module):
     y = nn.relu(bn("bn1")(conv(width, 1, name="conv1")(x)))
     y = nn.relu(bn("bn2")(conv(width, 3, self.stride, groups=self.groups, name="conv2")(y)))
     y = bn("bn3")(conv(4 * self.planes, 1, name="conv3")(y))
+    if self.se:
+      y = SqueezeExcite(self.dtype, self.precision, name="se")(y)
     return nn.relu(y + _shortcut(self, x, 4 * self.planes, conv))
 
 
@@ -225,6 +207,7 @@ class ResNet(nn.Module):
   stem: str = "7x7"                 # "7x7" | "deep" | "deep_tiered" (timm stem_type)
   stem_width: int = 64              # 7x7: its channels; deep: the first 3x3s' (out: 2x)
   avg_down: bool = False
+  se: bool = False                  # timm's SE-ResNets (block_args attn_layer='se')
   bn_eps: float = 1e-5
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
@@ -261,7 +244,7 @@ class ResNet(nn.Module):
         shortcut = None
         if b == 0 and (stride != 1 or inplanes != planes * expansion):
           shortcut = "avg" if self.avg_down else "conv"
-        kw = dict(planes=planes, stride=stride, shortcut=shortcut, bn_eps=self.bn_eps,
+        kw = dict(planes=planes, stride=stride, shortcut=shortcut, se=self.se, bn_eps=self.bn_eps,
                   dtype=self.dtype, precision=self.precision, name=f"layer{s + 1}_{b}")
         if self.block == _BOTTLENECK:
           x = Bottleneck(groups=self.groups, width_per_group=self.width_per_group, **kw)(x)
@@ -294,5 +277,7 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = N
   del model_cfg
   init_params = jax.device_get(init_params)
   sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
-  flat = convert_resnet.convert(sd, source=init_file, hint=DOWNLOAD_HINT)
-  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load)
+  where: dict[str, str] = {}
+  flat = convert_resnet.convert(sd, source=init_file, hint=DOWNLOAD_HINT, where=where)
+  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load, sd=sd,
+                              where=where)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fi_jax.models import _blocks as blocks
-from fi_jax.models._pretrained import timm as _timm
+from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import resnet as convert_resnet
 from fi_jax.models.convert import resnetv2 as convert_resnetv2
@@ -38,25 +38,8 @@ ARCHS: dict[str, dict] = {
     "resnetv2_152x4_bit": dict(depths=(3, 8, 36, 3), width_factor=4),
 }
 
-# timm's BiT weights (Inception mean / std 0.5): variant, eval transform (pp), file.
-_timm = functools.partial(_timm, norm="inception")
-PRETRAINED: dict[str, dict] = {
-    **_timm("resnetv2_50x1_bit.goog_distilled_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnetv2_50x1_bit.goog_in21k", 224, 0.875, "bilinear", 21843),
-    **_timm("resnetv2_50x1_bit.goog_in21k_ft_in1k", 448, 1.0, "bilinear"),
-    **_timm("resnetv2_50x3_bit.goog_in21k", 224, 0.875, "bilinear", 21843),
-    **_timm("resnetv2_50x3_bit.goog_in21k_ft_in1k", 448, 1.0, "bilinear"),
-    **_timm("resnetv2_101x1_bit.goog_in21k", 224, 0.875, "bilinear", 21843),
-    **_timm("resnetv2_101x1_bit.goog_in21k_ft_in1k", 448, 1.0, "bilinear"),
-    **_timm("resnetv2_101x3_bit.goog_in21k", 224, 0.875, "bilinear", 21843),
-    **_timm("resnetv2_101x3_bit.goog_in21k_ft_in1k", 448, 1.0, "bilinear"),
-    **_timm("resnetv2_152x2_bit.goog_in21k", 224, 0.875, "bilinear", 21843),
-    **_timm("resnetv2_152x2_bit.goog_in21k_ft_in1k", 448, 1.0, "bilinear"),
-    **_timm("resnetv2_152x2_bit.goog_teacher_in21k_ft_in1k", 224, 0.875, "bicubic"),
-    **_timm("resnetv2_152x2_bit.goog_teacher_in21k_ft_in1k_384", 384, 1.0, "bicubic"),
-    **_timm("resnetv2_152x4_bit.goog_in21k", 224, 0.875, "bilinear", 21843),
-    **_timm("resnetv2_152x4_bit.goog_in21k_ft_in1k", 480, 1.0, "bilinear"),
-}
+# every timm tag of the BiT architectures (eval transforms from timm's pretrained_cfg).
+PRETRAINED: dict[str, dict] = pretrained.timm_tags(list(ARCHS))
 
 DOWNLOAD_HINT = ("BiT ResNetV2 weights: timm's https://huggingface.co/timm/resnetv2_<depth>x"
                  "<width>_bit.<tag> model.safetensors (see fi_jax.models.resnetv2.PRETRAINED)")
@@ -196,5 +179,8 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = N
   del model_cfg   # timm is the only source
   init_params = jax.device_get(init_params)
   sd = readers.read_state_dict(init_file, hint=DOWNLOAD_HINT)
-  flat = convert_resnetv2.convert(sd, source=init_file, hint=DOWNLOAD_HINT)
-  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load)
+  where: dict[str, str] = {}
+  flat = convert_resnetv2.convert(sd, source=init_file, hint=DOWNLOAD_HINT, where=where)
+  return convert_resnet.merge(flat, init_params, init_file, DOWNLOAD_HINT, dont_load, sd=sd,
+                              where=where,
+                              torch_module=convert_resnetv2.torch_module)

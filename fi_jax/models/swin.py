@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.data import preprocess
+from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import swin as convert
 
@@ -88,38 +89,13 @@ def _pretrained() -> dict[str, dict]:
         # torchvision ImageClassification: Resize(resize, bicubic, antialias) + CenterCrop.
         pp=preprocess.torchvision_pp(resize, crop, "bicubic"),
         url=f"https://download.pytorch.org/models/{name}-{sha}.pth")
-  timm_tags = {
-      "swin_tiny_patch4_window7_224": ("ms_in1k", "ms_in22k_ft_in1k", "ms_in22k"),
-      "swin_small_patch4_window7_224": ("ms_in1k", "ms_in22k_ft_in1k", "ms_in22k"),
-      "swin_base_patch4_window7_224": ("ms_in1k", "ms_in22k_ft_in1k", "ms_in22k"),
-      "swin_base_patch4_window12_384": ("ms_in1k", "ms_in22k_ft_in1k", "ms_in22k"),
-      "swin_large_patch4_window7_224": ("ms_in22k_ft_in1k", "ms_in22k"),
-      "swin_large_patch4_window12_384": ("ms_in22k_ft_in1k", "ms_in22k"),
-      "swinv2_tiny_window8_256": ("ms_in1k",), "swinv2_tiny_window16_256": ("ms_in1k",),
-      "swinv2_small_window8_256": ("ms_in1k",), "swinv2_small_window16_256": ("ms_in1k",),
-      "swinv2_base_window8_256": ("ms_in1k",), "swinv2_base_window16_256": ("ms_in1k",),
-      "swinv2_base_window12_192": ("ms_in22k",),
-      "swinv2_base_window12to16_192to256": ("ms_in22k_ft_in1k",),
-      "swinv2_base_window12to24_192to384": ("ms_in22k_ft_in1k",),
-      "swinv2_large_window12_192": ("ms_in22k",),
-      "swinv2_large_window12to16_192to256": ("ms_in22k_ft_in1k",),
-      "swinv2_large_window12to24_192to384": ("ms_in22k_ft_in1k",),
-  }
-  for name, tags in timm_tags.items():
-    size = ARCHS[name]["img_size"]
-    # timm pretrained_cfg: crop_pct 0.9 (1.0 at 384), bicubic, ImageNet mean/std; the short
-    # side is resized to floor(size / crop_pct) before the centre crop.
-    crop_pct = 1.0 if size == 384 else 0.9
-    for tag in tags:
-      table[f"timm/{name}.{tag}"] = dict(
-          variant=name, source="timm", num_classes=21841 if tag == "ms_in22k" else 1000,
-          input_size=size,
-          pp=preprocess.timm_pp(size, crop_pct, "bicubic"),
-          url=f"https://huggingface.co/timm/{name}.{tag}/resolve/main/model.safetensors")
+  # every timm tag of the timm architectures (ms_in1k, ms_in22k[_ft_in1k], ...)
+  table.update(pretrained.timm_tags([a for a, kw in ARCHS.items()
+                                     if kw.get("source") != "torchvision"]))
   return table
 
 
-# Published weights: torchvision's IMAGENET1K_V1 and timm's ms_* tags.
+# Published weights: torchvision's IMAGENET1K_V1 and every timm tag of the timm ARCHS.
 PRETRAINED: dict[str, dict] = _pretrained()
 
 

@@ -435,12 +435,78 @@ ARCHS: dict[str, dict] = {name: {**decode_variant(v), **kw} for name, (v, kw) in
     "vit_base_patch16_clip_384": ("B/16", _CLIP), "vit_large_patch14_clip_224": ("L/14", _CLIP),
     "vit_small_patch14_reg4_dinov2": ("S/14", _REG4),
     "vit_base_patch14_reg4_dinov2": ("B/14", _REG4),
+    # more patch sizes / resolutions of the original and AugReg ViTs; MIIL (no qkv bias)
+    "vit_base_patch8_224": ("B/8", _TORCH), "vit_tiny_patch16_384": ("Ti/16", _TORCH),
+    "vit_small_patch16_384": ("S/16", _TORCH), "vit_small_patch32_384": ("S/32", _TORCH),
+    "vit_base_patch32_384": ("B/32", _TORCH), "vit_large_patch32_384": ("L/32", _TORCH),
+    "vit_base_patch16_224_miil": ("B/16", _TORCH),
+    # CLIP fine-tunes at more sizes
+    "vit_base_patch32_clip_384": ("B/32", _CLIP), "vit_base_patch32_clip_448": ("B/32", _CLIP),
+    "vit_large_patch14_clip_336": ("L/14", _CLIP), "vit_huge_patch14_clip_224": ("H/14", _CLIP),
+    "vit_huge_patch14_clip_336": ("H/14", _CLIP),
 }.items()}
+
+
+def _dims(width: int, depth: int, heads: int, mlp_ratio: float = 4.0, patch: int = 16) -> dict:
+  """timm's model_args (embed_dim, depth, num_heads, mlp_ratio, patch_size) as _Model fields;
+  the MLP width is timm's int(embed_dim * mlp_ratio)."""
+  return dict(width=width, depth=depth, num_heads=heads, mlp_dim=int(width * mlp_ratio),
+              patch_size=(patch, patch))
+
+
+# timm's global-average-pool ViTs (Searching for Better ViT Baselines, `sbb` tags, and the
+# SigLIP fine-tunes): no class token, the mean of the patch tokens (register tokens excluded)
+# through `fc_norm` (or the final norm on the tokens where timm sets fc_norm=False); most have
+# LayerScale, registers without a position embedding (no_embed_class) and qkv biases. A file
+# without qkv biases (qkv_bias=False models) loads as zero biases (the same function).
+_GAP = dict(_TORCH, pool_type="gap", class_token=False, fc_norm=True)
+_SBB = dict(_GAP, layerscale=1e-5)
+_NO_FC_NORM = dict(fc_norm=False)
+for _size in (256, 384):
+  ARCHS[f"vit_medium_patch16_gap_{_size}"] = {**_dims(512, 12, 8), **_SBB, **_NO_FC_NORM}
+for _name, _dim, _regs in (
+    ("vit_wee_patch16_reg1_gap_256", _dims(256, 14, 4, 5), 1),
+    ("vit_little_patch16_reg1_gap_256", _dims(320, 14, 5, 5.6), 1),
+    ("vit_little_patch16_reg4_gap_256", _dims(320, 14, 5, 5.6), 4),
+    ("vit_medium_patch16_reg1_gap_256", _dims(512, 12, 8), 1),
+    ("vit_medium_patch16_reg4_gap_256", _dims(512, 12, 8), 4),
+    ("vit_mediumd_patch16_reg4_gap_256", _dims(512, 20, 8), 4),
+    ("vit_mediumd_patch16_reg4_gap_384", _dims(512, 20, 8), 4),
+    ("vit_betwixt_patch16_reg1_gap_256", _dims(640, 12, 10), 1),
+    ("vit_betwixt_patch16_reg4_gap_256", _dims(640, 12, 10), 4),
+    ("vit_betwixt_patch16_reg4_gap_384", _dims(640, 12, 10), 4),
+    ("vit_so150m_patch16_reg4_gap_256", _dims(896, 18, 14, 2.572), 4),
+    ("vit_so150m_patch16_reg4_gap_384", _dims(896, 18, 14, 2.572), 4),
+    ("vit_so150m2_patch16_reg1_gap_256", _dims(832, 21, 13, 34 / 13), 1),
+    ("vit_so150m2_patch16_reg1_gap_384", _dims(832, 21, 13, 34 / 13), 1),
+    ("vit_so150m2_patch16_reg1_gap_448", _dims(832, 21, 13, 34 / 13), 1)):
+  # so150m: no LayerScale, fc_norm=False, posemb over the registers too (folded on load)
+  ARCHS[_name] = {**_dim, **_SBB, "num_registers": _regs, **(
+      dict(_NO_FC_NORM, layerscale=None) if _name.startswith("vit_so150m_") else {})}
+# DeiT-III at more sizes; FlexiViT (class token without a posemb slot, at 240 px); EVA-L
+# fine-tunes that are plain ViTs (class token kept, average pool of the patches + fc_norm)
+for _name, _dim in (("deit3_small_patch16_384", _dims(384, 12, 6)),
+                    ("deit3_medium_patch16_224", _dims(512, 12, 8)),
+                    ("deit3_large_patch16_384", _dims(1024, 24, 16)),
+                    ("deit3_huge_patch14_224", _dims(1280, 32, 16, patch=14))):
+  ARCHS[_name] = {**_dim, **_LS}
+for _name, _v in (("flexivit_small", "S/16"), ("flexivit_base", "B/16"),
+                  ("flexivit_large", "L/16")):
+  ARCHS[_name] = {**decode_variant(_v), **_TORCH}
+for _size in (196, 336):
+  ARCHS[f"eva_large_patch14_{_size}"] = {**decode_variant("L/14"), **_TORCH, "pool_type": "gap",
+                                         "class_token": True, "fc_norm": True}
+ARCHS["vit_so400m_patch14_siglip_378"] = {**_dims(1152, 27, 16, 3.7362, 14), **_TORCH,
+                                          "pool_type": "map", "class_token": False}
+ARCHS["vit_so400m_patch14_siglip_gap_378"] = {**_dims(1152, 27, 16, 3.7362, 14), **_GAP,
+                                              **_NO_FC_NORM}
+
+TORCHVISION_ARCHS = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
 
 # Published weights -> variant, eval transform (pp string), file; read off torchvision's
 # weights enums (transforms(), url) and timm's pretrained_cfg. torchvision's DEFAULT is
 # IMAGENET1K_V1, except vit_h_14 (IMAGENET1K_SWAG_E2E_V1).
-_tv, _timm = pretrained.torchvision, pretrained.timm
+_tv = pretrained.torchvision
 PRETRAINED: dict[str, dict] = {
     **_tv("vit_b_16.IMAGENET1K_V1", "vit_b_16-c867db91.pth", 256, 224, "bilinear"),
     **_tv("vit_b_16.IMAGENET1K_SWAG_E2E_V1", "vit_b_16_swag-9ac1b537.pth", 384, 384, "bicubic"),
@@ -455,35 +521,8 @@ PRETRAINED: dict[str, dict] = {
     **_tv("vit_h_14.IMAGENET1K_SWAG_E2E_V1", "vit_h_14_swag-80465313.pth", 518, 518, "bicubic"),
     **_tv("vit_h_14.IMAGENET1K_SWAG_LINEAR_V1", "vit_h_14_lc_swag-c1eb923e.pth", 224, 224,
           "bicubic"),
-    **_timm("vit_base_patch16_224.augreg2_in21k_ft_in1k", 224, 0.9, norm="inception"),
-    **_timm("vit_base_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, norm="inception"),
-    **_timm("vit_small_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, norm="inception"),
-    **_timm("vit_large_patch16_224.augreg_in21k_ft_in1k", 224, 0.9, norm="inception"),
-    **_timm("vit_base_patch16_384.augreg_in21k_ft_in1k", 384, 1.0, norm="inception"),
-    **_timm("deit_tiny_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
-    **_timm("deit_small_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
-    **_timm("deit_base_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
-    **_timm("deit_base_patch16_384.fb_in1k", 384, 1.0, norm="imagenet"),
-    **_timm("deit3_small_patch16_224.fb_in22k_ft_in1k", 224, 1.0, norm="imagenet"),
-    **_timm("deit3_base_patch16_224.fb_in22k_ft_in1k", 224, 1.0, norm="imagenet"),
-    **_timm("deit3_base_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
-    **_timm("deit3_large_patch16_224.fb_in22k_ft_in1k", 224, 1.0, norm="imagenet"),
-    **_timm("deit3_base_patch16_384.fb_in22k_ft_in1k", 384, 1.0, norm="imagenet"),
-    **_timm("vit_base_patch16_clip_224.openai_ft_in12k_in1k", 224, 0.95, norm="clip"),
-    **_timm("vit_base_patch16_clip_224.openai_ft_in1k", 224, 0.9, norm="clip"),
-    **_timm("vit_base_patch16_clip_224.laion2b_ft_in12k_in1k", 224, 0.95, norm="clip"),
-    **_timm("vit_base_patch16_clip_224.laion2b_ft_in1k", 224, 1.0, norm="clip"),
-    **_timm("vit_base_patch32_clip_224.openai_ft_in1k", 224, 0.9, norm="clip"),
-    **_timm("vit_large_patch14_clip_224.openai_ft_in12k_in1k", 224, 1.0, norm="clip"),
-    **_timm("vit_base_patch16_clip_384.laion2b_ft_in12k_in1k", 384, 1.0, norm="clip",
-            crop_mode="squash"),
-    **_timm("deit3_base_patch16_384.fb_in1k", 384, 1.0, norm="imagenet"),
-    **_timm("deit3_large_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
-    **_timm("deit3_small_patch16_224.fb_in1k", 224, 0.9, norm="imagenet"),
-    **_timm("vit_base_patch32_clip_224.laion2b_ft_in12k_in1k", 224, 0.9, norm="clip"),
-    **_timm("vit_large_patch14_clip_224.laion2b_ft_in12k_in1k", 224, 1.0, norm="inception"),
-    **_timm("vit_small_patch14_reg4_dinov2.lvd142m", 518, 1.0, norm="imagenet", num_classes=0),
-    **_timm("vit_base_patch14_reg4_dinov2.lvd142m", 518, 1.0, norm="imagenet", num_classes=0),
+    # every timm tag of the timm architectures (ARCHS; the torchvision ones are vit_[bhl]_*)
+    **pretrained.timm_tags([a for a in ARCHS if a not in TORCHVISION_ARCHS]),
 }
 
 
@@ -502,9 +541,6 @@ for _size in ("base", "large", "huge"):
       variant=f"mae_{_model}", source="mae", num_classes=1000, input_size=224,
       pp=preprocess.torchvision_pp(256, 224, "bicubic"),
       url=f"https://dl.fbaipublicfiles.com/mae/finetune/mae_finetuned_vit_{_size}.pth")
-PRETRAINED.update({
-    **_timm("vit_base_patch16_224.mae", 224, 0.9, norm="imagenet", num_classes=0),
-    **_timm("vit_large_patch16_224.mae", 224, 0.9, norm="imagenet", num_classes=0)})
 
 
 def Model(num_classes: Optional[int] = None, *, variant: Optional[str] = None, **kw) -> _Model:

@@ -7,10 +7,16 @@ Names are "torchvision/<model>[.<weights enum>]" and "timm/<model>[.<tag>]", as 
 spell them, and "<source>/<model>[.<tag>]" for official releases outside both libraries (MAE's
 fine-tuned ViTs "mae/vit_base_patch16.finetuned_in1k", DINOv3's "dinov3/dinov3_vitb16.lvd1689m").
 Without a tag the name means the source's default: torchvision's `DEFAULT` weights of that
-model, timm's default pretrained tag (the first it lists for the model), the official release;
-all are recorded below (`TORCHVISION_DEFAULTS`, `TIMM_DEFAULTS`, `MAE_DEFAULTS`,
-`DINOV3_DEFAULTS`), so nothing imports torch or timm.
-The names come from the `PRETRAINED` tables of the family modules (`FAMILIES`); `info` is that
+model (recorded below, `TORCHVISION_DEFAULTS`), timm's default pretrained tag (`TIMM_DEFAULTS`,
+from the timm facts recorded in `_timm_tags`), the official release (`MAE_DEFAULTS`,
+`DINOV3_DEFAULTS`); nothing imports torch or timm.
+
+The names come from the `PRETRAINED` tables of the family modules (`FAMILIES`). A family
+registers timm weights by architecture, not by tag: its table holds
+`_pretrained.timm_tags(<the timm models its Model builds>)`, one entry per pretrained tag timm
+lists for them (the tag changes the weights, class count and eval transform, not the module).
+`python -m fi_jax.models list [--family F]` prints every name with its input size and
+preprocessing; docs/models.md's table is `names_markdown()`. `info` is that
 table's entry plus `name`, `family` and `mean` / `std` (from its pp string): `pp` is the
 fi_jax pp string of the source's eval transform, `input_size` the resolution the model is
 evaluated (and initialised) at, `url` where the file is downloaded.
@@ -26,6 +32,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from fi_jax.data import preprocess
+from fi_jax.models import _pretrained as pretrained
+from fi_jax.models._checkpoints import CheckpointError
 
 # Model files with a `PRETRAINED` table, in the order `names()` lists them.
 FAMILIES = ("resnet", "resnetv2", "regnet", "convnext", "swin", "efficientnet", "vit",
@@ -60,77 +70,6 @@ TORCHVISION_DEFAULTS: dict[str, str] = {
     "vit_l_32": "IMAGENET1K_V1", "vit_h_14": "IMAGENET1K_SWAG_E2E_V1",
 }
 
-# timm: model -> its default pretrained tag (`timm.models.get_pretrained_cfg(model).tag`).
-TIMM_DEFAULTS: dict[str, str] = {
-    "deit3_base_patch16_224": "fb_in1k", "deit3_base_patch16_384": "fb_in1k",
-    "deit3_large_patch16_224": "fb_in1k", "deit3_small_patch16_224": "fb_in1k",
-    "deit_base_patch16_224": "fb_in1k", "deit_base_patch16_384": "fb_in1k",
-    "deit_small_patch16_224": "fb_in1k", "deit_tiny_patch16_224": "fb_in1k",
-    "vit_base_patch14_reg4_dinov2": "lvd142m", "vit_base_patch16_224": "augreg2_in21k_ft_in1k",
-    "vit_base_patch16_384": "augreg_in21k_ft_in1k", "vit_base_patch16_clip_224": "laion2b_ft_in12k_in1k",
-    "vit_base_patch16_clip_384": "laion2b_ft_in12k_in1k", "vit_base_patch32_clip_224": "laion2b_ft_in12k_in1k",
-    "vit_large_patch14_clip_224": "laion2b_ft_in12k_in1k", "vit_large_patch16_224": "augreg_in21k_ft_in1k",
-    "vit_small_patch14_reg4_dinov2": "lvd142m", "vit_small_patch16_224": "augreg_in21k_ft_in1k",
-    "convnext_tiny": "in12k_ft_in1k", "convnext_small": "in12k_ft_in1k",
-    "convnext_base": "fb_in22k_ft_in1k", "convnext_large": "fb_in22k_ft_in1k",
-    "efficientnet_b0": "ra_in1k", "efficientnet_b1": "ra4_e3600_r240_in1k",
-    "efficientnet_b2": "ra_in1k", "efficientnet_b3": "ra2_in1k", "efficientnet_b4": "ra2_in1k",
-    "efficientnet_b5": "sw_in12k_ft_in1k", "efficientnetv2_rw_t": "ra2_in1k",
-    "efficientnetv2_rw_s": "ra2_in1k", "efficientnetv2_rw_m": "agc_in1k",
-    **{f"tf_efficientnet_b{i}": "ns_jft_in1k" for i in range(8)},
-    **{f"tf_efficientnetv2_{s}": "in21k_ft_in1k" for s in "sml"},
-    "resnet18": "a1_in1k", "resnet34": "a1_in1k", "resnet26": "bt_in1k", "resnet50": "a1_in1k",
-    "resnet101": "a1h_in1k", "resnet152": "a1h_in1k",
-    "resnet18d": "ra2_in1k", "resnet34d": "ra2_in1k", "resnet26d": "bt_in1k",
-    "resnet50d": "ra2_in1k", "resnet101d": "ra2_in1k", "resnet152d": "ra2_in1k",
-    "resnet200d": "ra2_in1k", "resnet50c": "gluon_in1k", "resnet50s": "gluon_in1k",
-    "resnext50_32x4d": "a1h_in1k", "resnext50d_32x4d": "bt_in1k",
-    "resnext101_32x8d": "tv_in1k", "resnext101_64x4d": "c1_in1k",
-    "wide_resnet50_2": "racm_in1k",
-    "resnetv2_50x1_bit": "goog_distilled_in1k", "resnetv2_50x3_bit": "goog_in21k_ft_in1k",
-    "resnetv2_101x1_bit": "goog_in21k_ft_in1k", "resnetv2_101x3_bit": "goog_in21k_ft_in1k",
-    "resnetv2_152x2_bit": "goog_teacher_in21k_ft_in1k",
-    "resnetv2_152x4_bit": "goog_in21k_ft_in1k",
-    "swin_tiny_patch4_window7_224": "ms_in1k",
-    "swin_small_patch4_window7_224": "ms_in22k_ft_in1k",
-    "swin_base_patch4_window7_224": "ms_in22k_ft_in1k",
-    "swin_base_patch4_window12_384": "ms_in22k_ft_in1k",
-    "swin_large_patch4_window7_224": "ms_in22k_ft_in1k",
-    "swin_large_patch4_window12_384": "ms_in22k_ft_in1k",
-    **{f"swinv2_{s}_window{w}_256": "ms_in1k" for s in ("tiny", "small", "base")
-       for w in (8, 16)},
-    "swinv2_base_window12_192": "ms_in22k", "swinv2_large_window12_192": "ms_in22k",
-    "swinv2_base_window12to16_192to256": "ms_in22k_ft_in1k",
-    "swinv2_base_window12to24_192to384": "ms_in22k_ft_in1k",
-    "swinv2_large_window12to16_192to256": "ms_in22k_ft_in1k",
-    "swinv2_large_window12to24_192to384": "ms_in22k_ft_in1k",
-}
-# ConvNeXt V2 (fi_jax.models.convnextv2)
-TIMM_DEFAULTS.update({
-    **{f"convnextv2_{s}": "fcmae_ft_in1k" for s in ("atto", "femto", "pico")},
-    **{f"convnextv2_{s}": "fcmae_ft_in22k_in1k" for s in ("nano", "tiny", "base", "large")},
-    "convnextv2_huge": "fcmae_ft_in22k_in1k_384",
-})
-# BEiT / BEiT v2 (fi_jax.models.beit)
-TIMM_DEFAULTS.update({
-    **{f"beit_{s}_patch16_224": "in22k_ft_in22k_in1k" for s in ("base", "large")},
-    **{f"beit_{s}_patch16_{r}": "in22k_ft_in22k_in1k"
-       for s, r in (("base", 384), ("large", 384), ("large", 512))},
-    **{f"beitv2_{s}_patch16_224": "in1k_ft_in22k_in1k" for s in ("base", "large")},
-})
-# EVA-02 (fi_jax.models.eva)
-TIMM_DEFAULTS.update({
-    "eva02_tiny_patch14_336": "mim_in22k_ft_in1k", "eva02_small_patch14_336": "mim_in22k_ft_in1k",
-    "eva02_base_patch14_448": "mim_in22k_ft_in22k_in1k",
-    "eva02_large_patch14_448": "mim_in22k_ft_in22k_in1k",
-})
-# DINOv3 ViT (fi_jax.models.dinov3): timm's tags; the official files are "dinov3/<hub name>".
-TIMM_DEFAULTS.update({
-    **{f"vit_{s}_patch16_dinov3": "lvd1689m"
-       for s in ("small", "small_plus", "base", "large", "huge_plus")},
-    **{f"vit_{s}_patch16_dinov3_qkvb": "lvd1689m"
-       for s in ("small", "small_plus", "base", "large", "huge_plus")},
-})
 DINOV3_DEFAULTS: dict[str, str] = {
     m: "lvd1689m" for m in ("dinov3_vits16", "dinov3_vits16plus", "dinov3_vitb16",
                             "dinov3_vitl16", "dinov3_vith16plus")}
@@ -139,8 +78,6 @@ DINOV3_DEFAULTS: dict[str, str] = {
 MAE_DEFAULTS: dict[str, str] = {
     m: "finetuned_in1k" for m in ("vit_base_patch16", "vit_large_patch16", "vit_huge_patch14")}
 
-_DEFAULTS = {"torchvision": TORCHVISION_DEFAULTS, "timm": TIMM_DEFAULTS, "mae": MAE_DEFAULTS,
-             "dinov3": DINOV3_DEFAULTS}
 _TABLE: dict[str, dict] | None = None
 
 
@@ -159,7 +96,17 @@ def table() -> dict[str, dict]:
       for name, entry in getattr(family_module(family), "PRETRAINED", {}).items():
         out[name] = {**entry, "family": family}
     _TABLE = out
+    TIMM_DEFAULTS.clear()
+    TIMM_DEFAULTS.update({m: t for m, t in pretrained.TIMM_DEFAULT_TAGS.items()
+                          if f"timm/{m}.{t}" in out})
   return _TABLE
+
+
+# timm: model -> its default pretrained tag (`timm.models.get_pretrained_cfg(model).tag`, as
+# recorded in `_timm_tags.DEFAULT_TAGS`), for the models of the table; filled by `table()`.
+TIMM_DEFAULTS: dict[str, str] = {}
+_DEFAULTS = {"torchvision": TORCHVISION_DEFAULTS, "timm": TIMM_DEFAULTS, "mae": MAE_DEFAULTS,
+             "dinov3": DINOV3_DEFAULTS}
 
 
 def names() -> list[str]:
@@ -177,6 +124,7 @@ def canonical_name(name: str) -> str:
                      f"'timm/<model>[.<tag>]' or '<official source>/<model>[.<tag>]' "
                      f"({sorted(set(_DEFAULTS) - {'torchvision', 'timm'})}){_close(name)}")
   full = name
+  table()   # fills TIMM_DEFAULTS
   if "." not in rest:
     if rest not in _DEFAULTS[source]:
       raise ValueError(f"Unknown {source} model {rest!r} (no default weights recorded in "
@@ -193,7 +141,7 @@ def _close(name: str) -> str:
   close = difflib.get_close_matches(name, all_names, n=8, cutoff=0.6)
   model = name.split("/")[-1].split(".")[0]
   close += [n for n in all_names if n.split("/")[1].split(".")[0] == model and n not in close]
-  hint = " `python -c \"from fi_jax.models import zoo; print(zoo.names())\"` lists every name."
+  hint = " `python -m fi_jax.models list` lists every name."
   return (f"; close matches: {close[:12]}." if close else ".") + hint
 
 
@@ -248,7 +196,9 @@ def from_pretrained(name: str, ckpt: str, **overrides) -> tuple[Any, dict, dict[
   """(model, params, info) of a published checkpoint `name` read from the local file `ckpt`
   (.pth weights-only, .bin or .safetensors). `overrides` go to the family's `Model` (e.g.
   dtype="bfloat16", or smaller widths for a stand-in file). The model is initialised at
-  info["input_size"] as shapes only: every value comes from the checkpoint."""
+  info["input_size"] as shapes only: every value comes from the checkpoint. A file that does
+  not fit raises CheckpointError naming the file's key and shape, the model's, and where the
+  named checkpoint is downloaded."""
   info = resolve(name)
   if not os.path.exists(ckpt):
     raise FileNotFoundError(f"Checkpoint file {ckpt!r} of {info['name']} not found; download "
@@ -258,23 +208,69 @@ def from_pretrained(name: str, ckpt: str, **overrides) -> tuple[Any, dict, dict[
   model = mod.Model(**model_kw)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),
                           jnp.zeros(init_shape(info), jnp.float32))["params"]
-  params = mod.load(shapes, ckpt, model_kw)
+  try:
+    params = mod.load(shapes, ckpt, model_kw)
+  except CheckpointError as e:
+    raise CheckpointError(f"{e} {info['name']}'s weights: {info['url']}") from None
   return model, params, {**info, "model": model_kw}
 
 
-def names_markdown() -> str:
-  """The supported names as a markdown list, one line per model (tags in table order, the
-  default in bold): the listing in docs/models.md ("Published checkpoints")."""
-  groups: dict = defaultdict(lambda: defaultdict(list))
+def describe_pp(pp: str) -> str:
+  """A short reading of a zoo pp string: "resize 256 bilinear, crop 224, imagenet" (torchvision),
+  "resize 248 (crop_pct 0.9) bicubic, crop 224, inception" (timm; 'squash' when both sides are
+  resized to the crop)."""
+  ops = {}
+  for op in pp.split("|"):
+    head, _, args = op.partition("(")
+    ops[head] = args[:-1] if args else ""
+  mean_std = _mean_std(pp)
+  norm = next((k for k, v in pretrained.NORMS.items() if tuple(map(tuple, v)) == mean_std),
+              f"mean {mean_std[0]} std {mean_std[1]}")
+  if "resize_torchvision" in ops:
+    size, method = (a.strip(" '") for a in ops["resize_torchvision"].split(","))
+    crop = ops["central_crop_torchvision"]
+    return f"resize {size} {method}, crop {crop}, {norm}"
+  if "resize_timm" in ops:
+    size, crop_pct, method, mode = (a.strip(" '") for a in ops["resize_timm"].split(","))
+    if mode == "squash":
+      return f"squash {size} {method}, {norm}"
+    scaled = preprocess.timm_scale_size(int(size), float(crop_pct))
+    return f"resize {scaled} (crop_pct {crop_pct}) {method}, crop {size}, {norm}"
+  return pp
+
+
+def rows(family: str | None = None) -> list[dict[str, Any]]:
+  """One dict per accepted name (name, family, source, input_size, preprocessing: the
+  `describe_pp` of its pp, default: whether the tag-less name means it), in table order;
+  `family` keeps one family. Tag-less names are the `default` rows' models."""
+  if family is not None and family not in FAMILIES:
+    raise ValueError(f"Unknown family {family!r}; known: {list(FAMILIES)}.")
+  out = []
   for name, e in table().items():
+    if family is not None and e["family"] != family:
+      continue
     source, rest = name.split("/", 1)
     model, tag = rest.split(".", 1)
-    groups[(e["family"], source)][model].append(tag)
-  lines = []
-  for (family, source), models in groups.items():
-    lines.append(f"- `{family}` ({source}):")
-    for model, tags in models.items():
-      default = _DEFAULTS[source].get(model)
-      tags = [f"**{t}**" if t == default else t for t in tags]
-      lines.append(f"  - `{model}`: {', '.join(tags)}")
+    out.append(dict(name=name, family=e["family"], source=source,
+                    input_size=e["input_size"], num_classes=e["num_classes"],
+                    preprocessing=describe_pp(e["pp"]),
+                    default=_DEFAULTS[source].get(model) == tag))
+  return out
+
+
+def names_markdown() -> str:
+  """docs/models.md's table of the accepted names: one row per model (family, source, model,
+  its tags with the default in bold, each with its input size when the model has several),
+  generated from `table()`."""
+  groups: dict = defaultdict(list)
+  for r in rows():
+    source, rest = r["name"].split("/", 1)
+    model, tag = rest.split(".", 1)
+    groups[(r["family"], source, model)].append((tag, r["input_size"], r["default"]))
+  lines = ["| family | source | model | tags (**default**) |", "|---|---|---|---|"]
+  for (family, source, model), tags in groups.items():
+    sizes = {s for _, s, _ in tags}
+    cells = [(f"**{t}**" if d else t) + (f" ({s})" if len(sizes) > 1 else "") for t, s, d in tags]
+    size = f" ({next(iter(sizes))} px)" if len(sizes) == 1 else ""
+    lines.append(f"| {family} | {source} | `{model}`{size} | {', '.join(cells)} |")
   return "\n".join(lines) + "\n"

@@ -94,6 +94,25 @@ def test_matches_reference(ckpts, source, res):
         f"max|dpre|={np.abs(out['pre_logits'] - want_pre).max():.2e}")
 
 
+@pytest.mark.slow
+def test_conv_mlp_matches_timm(tmp_path):
+  """timm's conv_mlp ConvNeXts (atto..nano: LayerNorm2d + the MLP as 1x1 convs) load onto
+  the same module: equal logits and pre-logits."""
+  torch.manual_seed(2)
+  ref = _perturb(timm.create_model("convnext_atto", pretrained=False, depths=DEPTHS, dims=DIMS,
+                                   num_classes=CLASSES), 2)
+  assert ref.stages[0].blocks[0].mlp.fc1.weight.ndim == 4
+  path = str(tmp_path / "atto.safetensors")
+  safetensors_torch.save_file(ref.state_dict(), path)
+  model = convnext.Model(CLASSES, variant="convnext_atto", depths=DEPTHS, dims=DIMS)
+  params = convnext.load(_init(model, 64), path)
+  x = np.random.default_rng(3).normal(size=(2, 64, 64, 3)).astype(np.float32)
+  logits, out = jax.jit(model.apply)({"params": params}, x)
+  want_logits, want_pre = _reference(ref, x, "timm")
+  np.testing.assert_allclose(out["pre_logits"], want_pre, atol=TOL, rtol=0)
+  np.testing.assert_allclose(logits, want_logits, atol=TOL, rtol=0)
+
+
 def test_source_from_config_and_headless(ckpts):
   _, path = ckpts["timm"]
   model = _fi(None)

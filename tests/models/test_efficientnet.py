@@ -227,7 +227,10 @@ def _check_full(variant, ref):
 
 FULL_FAST = ["efficientnet_b0", "efficientnet_b7", "efficientnet_v2_s", "timm/tf_efficientnet_b0",
              "timm/tf_efficientnetv2_s"]
-FULL_SLOW = sorted(set(efficientnet.ARCHS) - set(FULL_FAST))
+# the B8 / L2 TF ports differ from B0..B7 only in their multipliers (and are the largest):
+# tests/models/test_timm_coverage.py checks their shapes (FI_JAX_TIMM_COVERAGE=efficientnet)
+FULL_SLOW = sorted(set(efficientnet.ARCHS) - set(FULL_FAST)
+                   - {"timm/tf_efficientnet_b8", "timm/tf_efficientnet_l2"})
 
 
 def _reference(variant):

@@ -130,6 +130,8 @@ def _block_params(name):
 
 def test_regnet_archs_match_torchvision_block_params():
   for name, arch in regnet.ARCHS.items():
+    if name in regnet.TIMM_ARCHS:
+      continue
     bp = _block_params(name)
     assert tuple(bp.depths) == arch["depths"], name
     assert tuple(bp.widths) == arch["widths"], name
@@ -152,8 +154,62 @@ def test_regnet_full_size_keys(name):
 
 def test_regnet_pretrained_table():
   for tag, cfg in regnet.PRETRAINED.items():
-    assert cfg["variant"] in regnet.ARCHS and cfg["source"] == "torchvision", tag
+    assert cfg["variant"] in regnet.ARCHS and cfg["source"] == tag.split("/")[0], tag
+    assert (cfg["variant"] in regnet.TIMM_ARCHS) == (cfg["source"] == "timm"), tag
   swag = regnet.PRETRAINED["torchvision/regnet_y_16gf.IMAGENET1K_SWAG_E2E_V1"]
   assert swag["input_size"] == 384
   assert swag["pp"] == ("decode_pil|resize_torchvision(384, 'bicubic')|"
                         "central_crop_torchvision(384)|normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))")
+
+
+# ----------------------------------------------------------------------------- timm
+
+def _timm_fields(ref) -> dict:
+  """fi_jax RegNet fields read off a timm RegNet module (stage depths, widths, group widths,
+  SE)."""
+  stages = [list(getattr(ref, f"s{i}").children()) for i in range(1, 5)]
+  first = [blocks[0] for blocks in stages]
+  return dict(depths=tuple(len(b) for b in stages),
+              widths=tuple(b.conv3.conv.out_channels for b in first),
+              group_widths=tuple(b.conv2.conv.out_channels // b.conv2.conv.groups for b in first),
+              se_ratio=0.25 if hasattr(first[0].se, "fc1") else None,
+              stem_width=ref.stem.conv.out_channels)
+
+
+@pytest.mark.parametrize("se", [0.25, pytest.param(0.0, marks=pytest.mark.slow)])
+def test_regnet_matches_timm(se, tmp_path):
+  """A small timm RegNet (RegNetCfg: real blocks, SE or not) saved as safetensors -> load ->
+  equal logits and pre-logits; the file's layout is read off its keys."""
+  from safetensors.torch import save_file
+  from timm.models.regnet import RegNet, RegNetCfg
+  torch.manual_seed(0)
+  cfg = RegNetCfg(depth=6, w0=16, wa=12.0, wm=1.8, group_size=8, se_ratio=se, stem_width=16)
+  ref = perturb_norms(RegNet(cfg, num_classes=NUM_CLASSES), linear_weights=True).eval()
+  path = str(tmp_path / "model.safetensors")
+  save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, path)
+  fields = _timm_fields(ref)
+  assert len(set(fields["widths"])) > 1 and (fields["se_ratio"] is None) == (se == 0)
+  model = regnet.RegNet(NUM_CLASSES, **fields)
+  params = regnet.load(_init(model, 32), path)
+  x = _images(32)
+  logits, out = jax.jit(model.apply)({"params": params}, x)
+  seen = {}
+  hook = ref.head.fc.register_forward_hook(lambda m, i, o: seen.update(x=i[0]))  # -> None
+  with torch.no_grad():
+    want = ref(torch.tensor(x).permute(0, 3, 1, 2)).numpy()
+  hook.remove()
+  assert _diff(logits, want) < TOL and _diff(out["pre_logits"], seen["x"].numpy()) < TOL
+
+
+def test_regnet_timm_missing_key_names_the_files_key(tmp_path):
+  from safetensors.torch import save_file
+  from timm.models.regnet import RegNet, RegNetCfg
+  ref = RegNet(RegNetCfg(depth=6, w0=16, wa=12.0, wm=1.8, group_size=8, se_ratio=0.25,
+                         stem_width=16), num_classes=NUM_CLASSES)
+  sd = {k: v.contiguous() for k, v in ref.state_dict().items() if k != "s2.b1.conv2.bn.running_var"}
+  path = str(tmp_path / "model.safetensors")
+  save_file(sd, path)
+  model = regnet.RegNet(NUM_CLASSES, **_timm_fields(ref))
+  with pytest.raises(checkpoints.CheckpointError, match=r"'s2\.b1\.conv2\.bn\.running_var' "
+                     r"\(the model's 'block2_0/b_bn/var'\).*huggingface\.co/timm"):
+    regnet.load(_init(model, 32), path)

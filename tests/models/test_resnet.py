@@ -108,9 +108,14 @@ TIMM_CASES = {
                                cardinality=4, stem_type="deep_tiered", **_SMALL),
                           dict(variant="resnext50d_32x4d", depths=(1, 1, 1, 1), groups=4,
                                stem="deep_tiered", **_SMALL_FI)),
+    "seresnext26t": (dict(model_name="seresnext26t_32x4d", layers=(1, 1, 1, 1), cardinality=4,
+                          **_SMALL),
+                     dict(variant="seresnext26t_32x4d", depths=(1, 1, 1, 1), groups=4,
+                          **_SMALL_FI)),
 }
 
-SLOW = ("bottleneck", "resnet50")   # paths the other cases cover too (groups=1 / 7x7 timm stem)
+# paths the other cases cover too (groups=1 / 7x7 timm stem); SE: one compile of its own
+SLOW = ("bottleneck", "resnet50", "seresnext26t")
 _CACHE = {}
 
 

@@ -235,3 +235,55 @@ def test_docs_list_every_name():
   import pathlib
   docs = (pathlib.Path(__file__).parents[2] / "docs" / "models.md").read_text()
   assert zoo.names_markdown() in docs   # regenerate: print(zoo.names_markdown())
+
+
+# ----------------------------------------------------------------------------- tags as data
+
+def test_recorded_timm_tags_are_timms():
+  """fi_jax/models/_timm_tags.py equals the installed timm's facts (regenerate with
+  `python -m tests.helpers.timm_tags > fi_jax/models/_timm_tags.py`)."""
+  from fi_jax.models import _timm_tags
+  from tests.helpers import timm_tags
+  assert _timm_tags.TIMM_VERSION == timm.__version__
+  assert timm_tags.facts() == _timm_tags.TAGS
+  assert timm_tags.default_tags() == _timm_tags.DEFAULT_TAGS
+
+
+@pytest.mark.parametrize("tag", ["augreg_in1k", "orig_in21k_ft_in1k", "sam_in1k",
+                                 "augreg2_in21k_ft_in1k"])
+def test_every_tag_of_an_architecture_resolves(tag):
+  info = zoo.resolve(f"timm/vit_base_patch16_224.{tag}")
+  assert info["variant"] == "vit_base_patch16_224" and info["family"] == "vit"
+  assert info["model"] == {"num_classes": 1000, "variant": "vit_base_patch16_224"}
+
+
+def test_list_command_prints_every_name(capsys):
+  from fi_jax.models.__main__ import main
+  assert main(["list", "--family", "vit"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == sum(e["family"] == "vit" for e in TABLE.values())
+  row = next(r for r in lines if "timm/vit_base_patch16_224_miil.in21k_ft_in1k " in r)
+  assert "224 px" in row and "resize 256 (crop_pct 0.875) bilinear, crop 224" in row
+  assert "mean (0.0, 0.0, 0.0) std (1.0, 1.0, 1.0)" in row
+  assert any(r.startswith("* timm/vit_base_patch16_224.augreg2_in21k_ft_in1k ") for r in lines)
+  with pytest.raises(SystemExit):
+    main(["list", "--family", "nope"])
+
+
+def test_a_file_that_does_not_fit_names_its_own_keys(tmp_path):
+  """torchvision ResNet: the error names the file's key and shape, then the model's, and
+  the download url of the named weights."""
+  from torchvision.models.resnet import BasicBlock, ResNet
+  sd = ResNet(BasicBlock, [1, 1, 2, 1], num_classes=10).state_dict()   # resnet18, shallower
+  small = dict(depths=(1, 1, 2, 1), num_classes=10)
+  path = str(tmp_path / "r18.pth")
+  torch.save({k: v for k, v in sd.items() if k != "layer3.1.bn2.running_var"}, path)
+  with pytest.raises(ValueError, match=r"missing from the file, first 'layer3\.1\.bn2\.running_var' "
+                     r"\(the model's 'layer3_1/bn2/var'\).*https://download\.pytorch\.org/models/"
+                     r"resnet18-f37072fd\.pth"):
+    zoo.from_pretrained("torchvision/resnet18", path, **small)
+  torch.save({**sd, "layer3.1.conv1.weight": torch.zeros(256, 128, 3, 3)}, path)
+  with pytest.raises(ValueError, match=r"the file's 'layer3\.1\.conv1\.weight' of shape "
+                     r"\(256, 128, 3, 3\): the model's 'layer3_1/conv1/kernel' needs "
+                     r"\(3, 3, 256, 256\)"):
+    zoo.from_pretrained("torchvision/resnet18", path, **small)

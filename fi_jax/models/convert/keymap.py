@@ -68,7 +68,7 @@ def apply(sd: Mapping[str, np.ndarray], spec: Mapping[str, tuple[str, Transform]
           f"{source}: key {key!r} has shape {tuple(np.shape(sd[key]))}, but the model needs "
           f"{want} for {path!r} (after the layout change): a different variant or "
           f"config?{tail}")
-    out[path] = a.astype(init_flat[path].dtype)
+    out[path] = a.astype(init_flat[path].dtype, copy=False)
   for key, want in (buffers or {}).items():
     have = np.asarray(sd[key], np.float64).reshape(-1) if key in sd else None
     if have is not None and (have.size != np.size(want) or not np.allclose(

@@ -1,9 +1,13 @@
-"""torchvision RegNet state dicts -> fi_jax.models.regnet params.
+"""torchvision and timm RegNet state dicts -> fi_jax.models.regnet params.
 
 torchvision names: `stem.{0,1}` (conv, BN), `trunk_output.block{s}.block{s}-{i}.` +
 `proj.{0,1}` (shortcut conv, BN), `f.{a,b,c}.{0,1}` (conv, BN), `f.se.fc{1,2}` (1x1 convs
 with bias), and `fc`. Flax: stem_conv / stem_bn, block{s}_{i}/{proj,a,b,c}_{conv,bn},
 block{s}_{i}/se/fc{1,2}, head. Leaves as in convert.resnet.torch_leaf.
+
+timm names (regnetx_* / regnety_*): `stem.{conv,bn}`, `s{s}.b{i}.` (i from 1) +
+`conv{1,2,3}.{conv,bn}` (= a, b, c), `se.fc{1,2}`, `downsample.{conv,bn}` (= proj), and
+`head.fc`.
 """
 from __future__ import annotations
 
@@ -34,7 +38,63 @@ def _module(module: str, leaf: str, v: np.ndarray) -> Optional[str]:
   return None
 
 
+_TIMM_CONV = {"conv1": "a", "conv2": "b", "conv3": "c", "downsample": "proj"}
+
+
+def _timm_module(module: str, leaf: str, v: np.ndarray) -> Optional[str]:
+  del leaf, v
+  if m := re.fullmatch(r"stem\.(conv|bn)", module):
+    return f"stem_{m[1]}"
+  if module == "head.fc":
+    return "head"
+  m = re.fullmatch(r"s(\d)\.b(\d+)\.(.+)", module)
+  if not m or int(m[2]) < 1:
+    return None
+  block, sub = f"block{m[1]}_{int(m[2]) - 1}", m[3]
+  if s := re.fullmatch(r"(conv[123]|downsample)\.(conv|bn)", sub):
+    return f"{block}/{_TIMM_CONV[s[1]]}_{s[2]}"
+  if s := re.fullmatch(r"se\.(fc[12])", sub):
+    return f"{block}/se/{s[1]}"
+  return None
+
+
+def is_timm(sd: Mapping[str, np.ndarray]) -> bool:
+  """timm's layout (`stem.conv.weight`) rather than torchvision's (`stem.0.weight`)."""
+  return "stem.conv.weight" in sd
+
+
+def timm_torch_module(module: str) -> Optional[str]:
+  """flax module -> timm name ('block3_0/b_bn' -> 's3.b1.conv2.bn')."""
+  if module == "head":
+    return "head.fc"
+  if m := re.fullmatch(r"stem_(conv|bn)", module):
+    return f"stem.{m[1]}"
+  inverse = {v: k for k, v in _TIMM_CONV.items()}
+  if m := re.fullmatch(r"block(\d)_(\d+)/(proj|a|b|c)_(conv|bn)", module):
+    return f"s{m[1]}.b{int(m[2]) + 1}.{inverse[m[3]]}.{m[4]}"
+  if m := re.fullmatch(r"block(\d)_(\d+)/se/(fc[12])", module):
+    return f"s{m[1]}.b{int(m[2]) + 1}.se.{m[3]}"
+  return None
+
+
 def convert(sd: Mapping[str, np.ndarray], source: str = "checkpoint",
-            hint: str = "") -> dict[str, np.ndarray]:
-  """torchvision RegNet state dict -> flat {flax path: array}."""
-  return convert_resnet.convert_with(sd, _module, "torchvision RegNet", source, hint)
+            hint: str = "", where: Optional[dict[str, str]] = None) -> dict[str, np.ndarray]:
+  """torchvision or timm RegNet state dict -> flat {flax path: array}."""
+  if is_timm(sd):
+    return convert_resnet.convert_with(sd, _timm_module, "timm RegNet", source, hint, where)
+  return convert_resnet.convert_with(sd, _module, "torchvision RegNet", source, hint,
+                                     where)
+
+
+def torch_module(module: str) -> Optional[str]:
+  """flax module -> torchvision name ('block3_1/b_bn' -> 'trunk_output.block3.block3-1.f.b.1')."""
+  if module == "head":
+    return "fc"
+  if m := re.fullmatch(r"stem_(conv|bn)", module):
+    return f"stem.{'0' if m[1] == 'conv' else '1'}"
+  if m := re.fullmatch(r"block(\d)_(\d+)/(proj|a|b|c)_(conv|bn)", module):
+    sub = m[3] if m[3] == "proj" else f"f.{m[3]}"
+    return f"trunk_output.block{m[1]}.block{m[1]}-{m[2]}.{sub}.{'0' if m[4] == 'conv' else '1'}"
+  if m := re.fullmatch(r"block(\d)_(\d+)/se/(fc[12])", module):
+    return f"trunk_output.block{m[1]}.block{m[1]}-{m[2]}.f.se.{m[3]}"
+  return None

@@ -2,7 +2,8 @@
 
 Both libraries name the tensors alike: `conv1` / `bn1` (timm's deep stem: `conv1.{0,1,3,4,6}`
 = conv, BN, conv, BN, conv), `layer{s}.{b}.{conv,bn}{1,2,3}`, `layer{s}.{b}.downsample.{i}`
-(torchvision: 0 = conv, 1 = BN; timm avg_down: 0 = the pool, 1 = conv, 2 = BN) and `fc`.
+(torchvision: 0 = conv, 1 = BN; timm avg_down: 0 = the pool, 1 = conv, 2 = BN), timm's SE
+`layer{s}.{b}.se.fc{1,2}` (1x1 convs with bias) and `fc`.
 The module path is mapped by a table; each tensor's leaf by `torch_leaf` (shared with the
 RegNet / ResNetV2 converters): conv [O, I, kh, kw] -> kernel [kh, kw, I, O], Linear [O, I] ->
 [I, O], BN weight / bias / running_mean / running_var -> scale / bias / mean / var.
@@ -37,9 +38,11 @@ def torch_leaf(leaf: str, v: np.ndarray) -> Optional[tuple[str, np.ndarray]]:
 
 def convert_with(sd: Mapping[str, np.ndarray], module_map: Callable[[str, str, np.ndarray],
                                                                    Optional[str]],
-                 family: str, source: str, hint: str) -> dict[str, np.ndarray]:
+                 family: str, source: str, hint: str,
+                 where: Optional[dict[str, str]] = None) -> dict[str, np.ndarray]:
   """{torch key: array} -> {flax path: array}; `module_map(module, leaf, value)` gives the
-  flax module path of a torch module (None: not part of the model -> CheckpointError)."""
+  flax module path of a torch module (None: not part of the model -> CheckpointError).
+  `where`, if given, receives {flax path: torch key}."""
   flat = {}
   for key, v in sd.items():
     module, _, leaf = key.rpartition(".")
@@ -52,17 +55,52 @@ def convert_with(sd: Mapping[str, np.ndarray], module_map: Callable[[str, str, n
           f"{source}: unexpected key {key!r} (shape {tuple(np.shape(v))}) for a {family} "
           f"checkpoint (wrong file or model family?). {hint}".strip())
     flat[f"{target}/{conv[0]}"] = conv[1]
+    if where is not None:
+      where[f"{target}/{conv[0]}"] = key
   return flat
 
 
+_TORCH_LEAVES = {"kernel": "weight", "scale": "weight", "bias": "bias", "mean": "running_mean",
+                 "var": "running_var"}
+
+
+def default_torch_module(module: str) -> str:
+  """A flax module path -> the torch module name the ResNet layout gives it
+  ('layer3_1/bn2' -> 'layer3.1.bn2'; 'head' -> 'fc')."""
+  return "fc" if module == "head" else re.sub(r"_(\d+)", r".\1", module).replace("/", ".")
+
+
+def file_key_fn(where: Mapping[str, str], torch_module: Callable[[str], Optional[str]]
+                ) -> Callable[[str], Optional[str]]:
+  """flax path -> the torch key that holds (or would hold) it in the file: the converted
+  key itself, else the torch name of a sibling leaf's module (a missing running_var next to
+  a present weight), else `torch_module(flax module)` + the torch leaf name."""
+  modules = {p.rpartition("/")[0]: k.rpartition(".")[0] for p, k in where.items()}
+
+  def file_key(path: str) -> Optional[str]:
+    if path in where:
+      return where[path]
+    module, _, leaf = path.rpartition("/")
+    torch_mod = modules.get(module) or torch_module(module)
+    return f"{torch_mod}.{_TORCH_LEAVES[leaf]}" if torch_mod and leaf in _TORCH_LEAVES else None
+  return file_key
+
+
 def merge(flat: Mapping[str, np.ndarray], init_params: Mapping[str, Any], source: str,
-          hint: str, dont_load: Sequence[str] = ()) -> dict:
+          hint: str, dont_load: Sequence[str] = (), *, sd: Optional[Mapping[str, Any]] = None,
+          where: Optional[Mapping[str, str]] = None,
+          torch_module: Callable[[str], Optional[str]] = default_torch_module) -> dict:
   """Converted arrays onto the init tree; a model without "head" ignores the file's head.
-  Missing / unexpected / wrong-shaped keys raise CheckpointError (checkpoints.merge_params)."""
+  Missing / unexpected / wrong-shaped keys raise CheckpointError (checkpoints.merge_params),
+  naming the file's key and shape (with `sd`, the file's state dict, and `where`, the
+  conversion's {flax path: torch key}; `torch_module` names a module the file lacks)."""
   if "head" not in init_params:
     flat = {k: v for k, v in flat.items() if not k.startswith("head/")}
+  file_key = None if where is None else file_key_fn(where, torch_module)
+  shapes = None if sd is None else {k: tuple(np.shape(v)) for k, v in sd.items()}
   return checkpoints.merge_params(checkpoints.recover_tree(dict(flat)), init_params, dont_load,
-                                  source=source, hint=hint)
+                                  source=source, hint=hint, file_key=file_key,
+                                  file_shapes=shapes)
 
 
 _STEM = {"conv1": "conv1", "bn1": "bn1", "conv1.0": "stem_conv1", "conv1.1": "stem_bn1",
@@ -79,12 +117,15 @@ def _module(module: str, leaf: str, v: np.ndarray) -> Optional[str]:
   block, sub = f"layer{m[1]}_{m[2]}", m[3]
   if sub in _BLOCK_LAYERS:
     return f"{block}/{sub}"
+  if sub in ("se.fc1", "se.fc2"):                # timm SE-ResNets
+    return f"{block}/{sub.replace('.', '/')}"
   if re.fullmatch(r"downsample\.[0-2]", sub):   # conv or BN, told apart by the tensor
     return f"{block}/downsample_{'conv' if leaf == 'weight' and v.ndim == 4 else 'bn'}"
   return None
 
 
 def convert(sd: Mapping[str, np.ndarray], source: str = "checkpoint",
-            hint: str = "") -> dict[str, np.ndarray]:
-  """torchvision / timm ResNet state dict -> flat {flax path: array}."""
-  return convert_with(sd, _module, "ResNet", source, hint)
+            hint: str = "", where: Optional[dict[str, str]] = None) -> dict[str, np.ndarray]:
+  """torchvision / timm ResNet state dict -> flat {flax path: array} (`where`: see
+  convert_with)."""
+  return convert_with(sd, _module, "ResNet", source, hint, where)

@@ -33,10 +33,22 @@ def _module(module: str, leaf: str, v: np.ndarray) -> Optional[str]:
 
 
 def convert(sd: Mapping[str, np.ndarray], source: str = "checkpoint",
-            hint: str = "") -> dict[str, np.ndarray]:
+            hint: str = "", where: Optional[dict[str, str]] = None) -> dict[str, np.ndarray]:
   """timm ResNetV2 state dict -> flat {flax path: array}."""
-  flat = convert_resnet.convert_with(sd, _module, "timm ResNetV2 (BiT)", source, hint)
+  flat = convert_resnet.convert_with(sd, _module, "timm ResNetV2 (BiT)", source, hint,
+                                     where)
   head = flat.get("head/kernel")
   if head is not None and head.ndim == 4:   # the 1x1 conv head, (1, 1, D, C) -> (D, C)
     flat["head/kernel"] = head.reshape(head.shape[2:])
   return flat
+
+
+def torch_module(module: str) -> Optional[str]:
+  """flax module -> timm name ('stage1_0/conv2' -> 'stages.1.blocks.0.conv2')."""
+  fixed = {"stem_conv": "stem.conv", "norm": "norm", "head": "head.fc"}
+  if module in fixed:
+    return fixed[module]
+  if m := re.fullmatch(r"stage(\d)_(\d+)/(.+)", module):
+    sub = "downsample.conv" if m[3] == "downsample_conv" else m[3]
+    return f"stages.{m[1]}.blocks.{m[2]}.{sub}"
+  return None

@@ -6,7 +6,9 @@ tokens (`no_embed_class`; the slots are folded into `cls` / `reg`, which is exac
 adds the posemb to the constant tokens), `norm_pre`, the final norm on the tokens (`norm`) or
 on the pooled feature (`fc_norm`), a patch embedding without bias (CLIP ViTs), LayerScale
 (`ls1` / `ls2`), the MAP head (`attn_pool`) and the classifier (`head`, absent for headless
-models). DeiT's distilled models (`dist_token`, `head_dist`) are refused.
+models). Models built with qkv_bias=False (MIIL, the `gap` ViTs without qkv bias) have no
+`attn.qkv.bias`: they load as zero biases, the same function. DeiT's distilled models
+(`dist_token`, `head_dist`) are refused.
 """
 from __future__ import annotations
 
@@ -53,6 +55,18 @@ def _fold_prefix_posemb(tree: dict, pe: np.ndarray, n_prefix: int) -> np.ndarray
   return pe[:, n_prefix:]
 
 
+def with_zero_qkv_bias(flat: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+  """`flat` plus zero `blocks.{i}.attn.qkv.bias` for every block with a fused qkv weight and
+  no bias (timm's qkv_bias=False); unchanged when every block has its bias."""
+  missing = {}
+  for key, w in flat.items():
+    if key.startswith("blocks.") and key.endswith(".attn.qkv.weight"):
+      bias = key[:-len("weight")] + "bias"
+      if bias not in flat:
+        missing[bias] = np.zeros(np.shape(w)[:1], np.asarray(w).dtype)
+  return {**flat, **missing} if missing else flat
+
+
 def vit(flat: Mapping[str, np.ndarray], num_heads: int, source: str = "timm checkpoint",
         hint: str = "", where: Optional[dict[str, str]] = None) -> dict:
   """timm VisionTransformer state dict -> big_vision ViT tree (patch-only `pos_embedding`).
@@ -63,6 +77,7 @@ def vit(flat: Mapping[str, np.ndarray], num_heads: int, source: str = "timm chec
     raise CheckpointError(
         f"{source}: a distilled DeiT (has 'dist_token' / 'head_dist'); its two heads have no "
         f"single classifier input. Use the non-distilled deit_*_patch16_* weights. {hint}".strip())
+  flat = with_zero_qkv_bias(flat)
   get = tl.Tensors(flat, source, hint)
   where = {} if where is None else where
   paths: dict[str, np.ndarray] = {}
