@@ -4,17 +4,25 @@
     .venv/bin/python bench/models.py --batch 32 --only resnet50,convnext_t,swin_t,resnet50_stages
 
 Each entry of `BENCHMARKS` is a function `(args) -> list of rows`; a row is
-dict(name, fi_jax_s, ref_s, batch, max_abs_diff). Both sides get the same weights (the
+dict(name, fi_jax_s, ref_s, batch, max_abs_diff[, xla_default_s]). The fi_jax forward is
+compiled as the pipeline compiles it: XLA_FLAGS as the CLI sets them (`--xla-flags=cli`, the
+default: the quick CPU pipeline) and the forward step's compiler options
+(`fi_jax.common.compile_options.model_step()`); "vs XLA default" is the time of the same forward
+compiled with XLA's default CPU code generation (`xla_flags.XLA_DEFAULTS`) over fi_jax's (the CLI's
+flags must not slow a forward: >= 0.95x). Both sides get the same weights (the
 reference's random init, converted by fi_jax's own loader from a safetensors file), the same
 inputs, the same batch and thread count; timings are the best of `repeats` warm calls, run
 alternately so that load on a shared machine hits both sides alike. To add a model, write a
 function like `vit_b16` and append it to `BENCHMARKS`.
 
-`resnet50_stages` splits ResNet-50's forward into the stem and the four stages. On XLA:CPU the
-convolution kernels are the limit: ConvNeXt-T spends its time in the 7x7 depthwise convolutions
-(feature_group_count = channels), which XLA:CPU runs about 5x slower than torch's kernel
-(batch 32, 56x56x96: ~1.07 s vs ~0.20 s on 2 cores), so ConvNeXt-T runs at ~0.5x torch while
-ResNet-50 and Swin-T (dense convs / matmuls) are at or above 1x.
+`resnet50_stages` splits ResNet-50's forward into the stem and the four stages. What made the
+convnets slow on XLA:CPU, and what fi_jax does about it (docs/performance.md has the figures):
+XLA:CPU's grouped convolution with one channel per group (the 7x7 depthwise convolutions of
+ConvNeXt, EfficientNet's) is a slow generic loop, so the models compute it as shifted
+multiply-adds (`fi_jax.models._blocks.DepthwiseConv`); XLA:CPU's YNNPACK fusions of the
+elementwise chains before a LayerNorm / batch norm are slow, so the forward step turns them off
+(`compile_options.CPU_FORWARD`); the quick CPU pipeline's LLVM -O1 slows the batch-norm
+fusions, so the forward step keeps XLA's defaults (`compile_options.model_step`).
 """
 from __future__ import annotations
 
@@ -31,7 +39,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
+from fi_jax.common import compile_options  # noqa: E402
 from fi_jax.models import torchvision_shim  # noqa: E402
+from fi_jax.run import xla_flags  # noqa: E402
 
 
 def alternate(fns: dict[str, Callable[[], np.ndarray]], repeats: int) -> dict[str, float]:
@@ -81,19 +91,24 @@ def _forward_row(name: str, model, params, ref, x: np.ndarray, args) -> dict:
   import torch  # after the shim in main()
   xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
   xj = jax.device_put(x)
-  fwd = jax.jit(lambda p, im: model.apply({"params": p}, im)[0])
+  apply = lambda p, im: model.apply({"params": p}, im)[0]
+  fwd = jax.jit(apply, compiler_options=compile_options.model_step())   # as the pipeline does
+  xla_default = jax.jit(apply, compiler_options=xla_flags.XLA_DEFAULTS)
 
   def run_jax():
     return np.asarray(jax.block_until_ready(fwd(params, xj)))
+
+  def run_xla_default():
+    return np.asarray(jax.block_until_ready(xla_default(params, xj)))
 
   def run_torch():
     with torch.inference_mode():
       return ref(xt).numpy()
 
   diff = float(np.max(np.abs(run_jax() - run_torch())))
-  best = alternate({"fi_jax": run_jax, "ref": run_torch}, args.repeats)
-  return dict(name=name, fi_jax_s=best["fi_jax"], ref_s=best["ref"], batch=args.batch,
-              max_abs_diff=diff)
+  best = alternate({"fi_jax": run_jax, "ref": run_torch, "xla": run_xla_default}, args.repeats)
+  return dict(name=name, fi_jax_s=best["fi_jax"], ref_s=best["ref"], xla_default_s=best["xla"],
+              batch=args.batch, max_abs_diff=diff)
 
 
 def clip_b16(args) -> list[dict]:
@@ -175,6 +190,45 @@ def swin_t(args) -> list[dict]:
                     lambda: torchvision.models.swin_t())
 
 
+def efficientnet_b0(args) -> list[dict]:
+  """torchvision EfficientNet-B0, 1000 classes."""
+  import torchvision
+  return _zoo_bench(args, "torchvision/efficientnet_b0.IMAGENET1K_V1", "EfficientNet-B0",
+                    lambda: torchvision.models.efficientnet_b0())
+
+
+def _timm_zoo_bench(args, name: str, label: str) -> list[dict]:
+  """A timm architecture with random weights (timm's init), saved as model.safetensors and
+  read through fi_jax.models.zoo.from_pretrained."""
+  import jax
+  import timm
+  import torch
+  from safetensors.torch import save_file
+
+  from fi_jax.models import zoo
+
+  torch.manual_seed(0)
+  ref = timm.create_model(name.split("/", 1)[1], pretrained=False).eval()
+  with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "model.safetensors")
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, path)
+    model, params, info = zoo.from_pretrained(name, path)
+  params = jax.device_put(params)
+  size = info["input_size"]
+  x = np.random.default_rng(0).normal(0, 1, (args.batch, size, size, 3)).astype(np.float32)
+  return [_forward_row(f"{label}@{size} fwd (timm)", model, params, ref, x, args)]
+
+
+def convnextv2_t(args) -> list[dict]:
+  """timm ConvNeXt V2-T (GRN), 1000 classes."""
+  return _timm_zoo_bench(args, "timm/convnextv2_tiny.fcmae_ft_in22k_in1k", "ConvNeXt V2-T")
+
+
+def eva02_s(args) -> list[dict]:
+  """timm EVA-02-S (RoPE, SwiGLU), 1000 classes, at its 336 px."""
+  return _timm_zoo_bench(args, "timm/eva02_small_patch14_336.mim_in22k_ft_in1k", "EVA-02-S")
+
+
 def resnet50_stages(args) -> list[dict]:
   """Where ResNet-50's forward time goes in fi_jax vs torch: stem and each stage alone
   (batch `args.batch`, 224 px), plus XLA's cost analysis (FLOPs) of the whole forward."""
@@ -239,7 +293,8 @@ def resnet50_stages(args) -> list[dict]:
   return rows
 
 
-BENCHMARKS: list[Callable] = [vit_b16, clip_b16, resnet50, convnext_t, swin_t, resnet50_stages]
+BENCHMARKS: list[Callable] = [vit_b16, clip_b16, resnet50, convnext_t, swin_t, efficientnet_b0,
+                              convnextv2_t, eva02_s, resnet50_stages]
 
 
 def main() -> None:
@@ -248,20 +303,29 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=8)
   parser.add_argument("--threads", type=int, default=2)
   parser.add_argument("--only", default="", help="comma-separated benchmark function names")
+  parser.add_argument("--xla-flags", choices=("cli", "default"), default="cli",
+                      help="cli: XLA_FLAGS as the CLI sets them (fi_jax.run.xla_flags); default: "
+                           "as they are")
   args = parser.parse_args()
+  if args.xla_flags == "cli":
+    xla_flags.fast_cpu_compile()   # before JAX starts its backend, as the CLI does
+  print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; the forward's compiler options: "
+        f"{compile_options.model_step()}", flush=True)
   import torch
   torch.set_num_threads(args.threads)
   torchvision_shim.install()
   # XLA:CPU sizes its thread pool from the visible cores; pin both sides to the same count.
   os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:args.threads]))
   only = set(filter(None, args.only.split(",")))
-  print(f"{'model':<28} {'batch':>5} {'fi_jax img/s':>13} {'ref img/s':>10} {'ratio':>6} {'max|diff|':>10}")
+  print(f"{'model':<28} {'batch':>5} {'fi_jax img/s':>13} {'ref img/s':>10} {'ratio':>6} "
+        f"{'vs XLA default':>14} {'max|diff|':>10}")
   for bench in BENCHMARKS:
     if only and bench.__name__ not in only:
       continue
     for r in bench(args):
       fj, rf = r["batch"] / r["fi_jax_s"], r["batch"] / r["ref_s"]
-      print(f"{r['name']:<28} {r['batch']:>5} {fj:>13.2f} {rf:>10.2f} {fj / rf:>5.2f}x "
+      vs = f"{r['xla_default_s'] / r['fi_jax_s']:>13.2f}x" if "xla_default_s" in r else f"{'':>14}"
+      print(f"{r['name']:<28} {r['batch']:>5} {fj:>13.2f} {rf:>10.2f} {fj / rf:>5.2f}x {vs} "
             f"{r['max_abs_diff']:>10.2e}", flush=True)
 
 

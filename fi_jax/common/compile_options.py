@@ -6,22 +6,35 @@ small programs. A model's forward is one large program that runs for every batch
 quick pipeline makes it slower (ResNet-50's elementwise fusions: batch norm, ReLU); so when
 the run layer applied the quick flags, it also records here XLA's own defaults for them, and
 `fi_jax.extract.forward.Forward` compiles its step with these options (`jax.jit`'s
-`compiler_options`, which override XLA_FLAGS for that program only). Unset (None): every
-program compiles with XLA_FLAGS as they are.
+`compiler_options`, which override XLA_FLAGS for that program only).
+
+On the CPU the forward step also turns off XLA:CPU's YNNPACK fusions
+(`xla_cpu_experimental_ynn_fusion_type` empty): with them, XLA hands the chain of elementwise
+operations that feeds a LayerNorm or batch norm to a YNNPACK fusion whose inputs are
+materialised slices, which made ConvNeXt-T's forward 1.8x and ResNet-50's 1.3x slower
+(docs/performance.md). Elsewhere, and with nothing recorded, the options are XLA_FLAGS' own.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+import jax
+
+# the forward step's options on the CPU, whoever set XLA_FLAGS (see the module docstring)
+CPU_FORWARD: dict[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
 _MODEL_STEP: Optional[dict[str, Any]] = None
 
 
 def model_step() -> Optional[dict[str, Any]]:
-  """The compiler options of a model's forward step (None: XLA_FLAGS as they are)."""
-  return dict(_MODEL_STEP) if _MODEL_STEP else None
+  """The compiler options of a model's forward step: on the CPU `CPU_FORWARD` plus what the
+  run layer recorded (`set_model_step`); None when there are none."""
+  options = dict(CPU_FORWARD) if jax.default_backend() == "cpu" else {}
+  options.update(_MODEL_STEP or {})
+  return options or None
 
 
 def set_model_step(options: Optional[Mapping[str, Any]]) -> None:
-  """Sets the options `model_step` returns (None clears them)."""
+  """Records the options `model_step` adds (None clears them)."""
   global _MODEL_STEP
   _MODEL_STEP = dict(options) if options else None

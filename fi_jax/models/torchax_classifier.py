@@ -156,7 +156,10 @@ def _timm_entry(timm, model: str, tag: str) -> dict[str, Any]:
   full = f"{model}.{tag}" if tag else model
   if model not in timm.list_models(pretrained=False):
     raise ValueError(f"timm has no model {model!r}.")
-  cfg = timm.models.get_pretrained_cfg(full)
+  try:
+    cfg = timm.models.get_pretrained_cfg(full)
+  except RuntimeError:   # timm: "Invalid pretrained tag"
+    cfg = None
   if cfg is None:
     raise ValueError(f"timm has no pretrained weights {full!r}; "
                      f"tags: {timm.list_pretrained(model + '.*')[:12]}")

@@ -379,8 +379,14 @@ def _batches(out, sizes):
   assert i == N_FIT
 
 
-@pytest.mark.parametrize("name", [n for n in detectors.names()
-                                  if not {"inputs", "layers"} & detectors.REGISTRY[n].needs])
+def _feature_logit(name):
+  """Detectors that read only features, logits, labels and the head: not the input-gradient
+  and layer ones (their own test files), nor those reading a text bank (test_zero_shot.py)."""
+  cls = detectors.REGISTRY[name]
+  return not ({"inputs", "layers"} & cls.needs or cls.text_bank)
+
+
+@pytest.mark.parametrize("name", [n for n in detectors.names() if _feature_logit(n)])
 def test_streaming_fit_and_state_roundtrip(nonneg, name, tmp_path, monkeypatch):
   """Batches (list or one-shot generator, uneven sizes, several chunks) give bit-identical
   states to the whole set; a saved and loaded state scores identically."""
@@ -467,9 +473,7 @@ def test_registry_and_errors():
 
 def test_state_is_arrays_only(nonneg):
   fit, _, head = nonneg
-  for name in detectors.names():
-    if {"inputs", "layers"} & detectors.REGISTRY[name].needs:   # own test files (adascale,
-      continue                                                  # layer); odin: no fit
+  for name in filter(_feature_logit, detectors.names()):   # odin: no fit
     state = detectors.build(name, **_ALL_FIT.get(name, {})).fit(fit, head)
     assert isinstance(state, dict)
     for v in jax.tree.leaves(state):
@@ -525,9 +529,7 @@ def test_shared_scope_gives_identical_scores_and_does_shared_work_once(nonneg, m
   """Inside detectors.shared(): every detector x preset scores exactly as it does alone, the
   class moments are computed in fewer passes, and KNN at k=1000 and k=50 runs one search."""
   fit, test, head = nonneg
-  runs = [(n, p) for n in detectors.names()   # layer detectors: tests/detectors/test_intermediate.py
-          if not {"inputs", "layers"} & detectors.REGISTRY[n].needs
-          for p in detectors.PRESETS]
+  runs = [(n, p) for n in filter(_feature_logit, detectors.names()) for p in detectors.PRESETS]
   small = lambda r: ({"dim": 16} if r[0] in ("vim", "residual") and r[1] == "openood"
                      else {"dim": 10} if r[0] == "neco" else {})
   alone = {r: fit_score(r[0], fit, test, head, preset=r[1], **small(r)) for r in runs}

@@ -19,7 +19,7 @@ import pytest
 import timm
 import torch
 
-from fi_jax.models import _checkpoints, zoo
+from fi_jax.models import _checkpoints, _torchax_adapter, zoo
 from fi_jax.models.convert import readers
 
 # The issue's targets are 45% of all and 90% of vit_*; these floors pin what is ported now.
@@ -122,3 +122,30 @@ def test_classifiers_have_timms_parameter_shapes(tmp_path, monkeypatch):
     except Exception as e:   # noqa: BLE001 - collected, reported together
       failures[name] = f"{type(e).__name__}: {str(e)[:300]}"
   assert not failures, "\n".join(f"{k}: {v}" for k, v in failures.items())
+
+
+def test_with_the_torchax_route_almost_every_in1k_classifier_resolves(capsys, tmp_path,
+                                                                       monkeypatch):
+  """Native ports first; every other timm ImageNet-1k classifier resolves to the torchax route
+  (fi_jax/models/torchax_classifier.py), which admits a checkpoint only after its equivalence
+  check against torch eager (tests/models/test_torchax_route.py runs ten families)."""
+  try:
+    _torchax_adapter.environment()
+  except ImportError as e:
+    pytest.skip(f"the torchax route's extra is not installed: {e}")
+  monkeypatch.setenv("FI_JAX_TORCHAX_CACHE", str(tmp_path))
+  names = in1k_classifiers()
+  routes, refused = collections.Counter(), {}
+  for name in names:
+    try:
+      routes[zoo.resolve(f"timm/{name}")["route"]] += 1
+    except ValueError as e:
+      refused[name] = str(e).rsplit("Nor does the torchax route take it: ", 1)[-1][:120]
+  covered = routes["flax"] + routes["torchax"]
+  with capsys.disabled():
+    print(f"\ntimm ImageNet-1k classifiers that resolve: native {routes['flax']}/{len(names)} "
+          f"({routes['flax'] / len(names):.1%}), with torchax {covered}/{len(names)} "
+          f"({covered / len(names):.1%}); refused: " + "; ".join(
+              f"{k}: {v}" for k, v in sorted(refused.items())))
+  assert routes["flax"] == len(coverage()["native"])
+  assert covered / len(names) >= 0.95

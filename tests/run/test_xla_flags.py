@@ -102,9 +102,11 @@ def test_the_model_forward_keeps_xlas_defaults_for_the_flags_added():
   code = ("import json; from fi_jax.run import xla_flags; xla_flags.fast_cpu_compile(); "
           "from fi_jax.common import compile_options; "
           "print(json.dumps(compile_options.model_step(), sort_keys=True, separators=(',', ':')))")
-  assert _child(code) == ['{"xla_backend_optimization_level":3,"xla_cpu_use_fusion_emitters":true}']
+  ynn = '"xla_cpu_experimental_ynn_fusion_type":""'
+  assert _child(code) == [
+      '{"xla_backend_optimization_level":3,' + ynn + ',"xla_cpu_use_fusion_emitters":true}']
   assert _child(code, env_flags="--xla_backend_optimization_level=2") == [
-      '{"xla_cpu_use_fusion_emitters":true}']
+      '{' + ynn + ',"xla_cpu_use_fusion_emitters":true}']
 
 
 def test_forward_compiles_its_step_with_the_model_step_options(monkeypatch):
@@ -115,7 +117,9 @@ def test_forward_compiles_its_step_with_the_model_step_options(monkeypatch):
   monkeypatch.setattr(forward.jax, "jit", lambda f, **kw: seen.append(kw) or real_jit(f, **kw))
   monkeypatch.setattr(compile_options, "_MODEL_STEP", {"xla_backend_optimization_level": 3})
   forward.Forward(lambda p, x: (x, x), distributed.data_mesh())
-  assert seen[-1]["compiler_options"] == {"xla_backend_optimization_level": 3}
+  assert seen[-1]["compiler_options"] == {"xla_backend_optimization_level": 3,
+                                          **compile_options.CPU_FORWARD}
   monkeypatch.setattr(compile_options, "_MODEL_STEP", None)
+  monkeypatch.setattr(compile_options, "CPU_FORWARD", {})
   forward.Forward(lambda p, x: (x, x), distributed.data_mesh())
   assert seen[-1]["compiler_options"] is None
