@@ -48,7 +48,7 @@ def _checkpoint(name, folder, seed=0):
   if source == "timm":
     m = timm.create_model(model, pretrained=False)
   else:
-    m = torchvision.models.get_model(model, weights=None)
+    m = torchvision.models.get_model(model.split(".")[0], weights=None)
   with torch.no_grad():
     for mod in m.modules():
       if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
