@@ -74,7 +74,7 @@ def test_real_config_without_checkpoint_needs_random_init():
   assert len(problems) == 1 and "random_init=True" in problems[0]
   c = vit.get_config("random_init=True")
   assert preflight.check_model(c) == [] and c.random_init
-  assert run_model.model_label(c) == "vit-B/16 (random init)"
+  assert run_model.model_label(c) == "vit-B16-random-init"
   assert preflight.check_model(demo.get_config("quick")) == []   # trains: no checkpoint needed
 
 
