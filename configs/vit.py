@@ -30,6 +30,9 @@ def get_config(arg=None):
   c.model_label = short_label("vit", arg.variant)
   c.model = ml_collections.ConfigDict(dict(
       num_classes=1000, variant=arg.variant, pool_type=arg.pool, rep_size=arg.rep_size or False,
+      # random_init: a random head too (big_vision's zero-initialised head gives all-zero
+      # logits, so every logit detector would be degenerate); a checkpoint replaces it anyway
+      head_zeroinit=not arg.random_init,
       act="gelu_exact" if arg.timm_gelu else "gelu",
       **common.arch_overrides(arg, patch_tuple=True)))
   c.model_init = arg.ckpt

@@ -25,9 +25,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _digits_config(**over) -> ml_collections.ConfigDict:
-  """The demo's sets and a tiny random ViT (no training): a real pipeline in seconds."""
+  """The demo's sets and a tiny random ViT (no training): a real pipeline in seconds. Its head
+  is random too (a zero-initialised head gives constant logits: the logit detectors would be
+  degenerate)."""
   c = demo.get_config("quick")
   c.train = ml_collections.ConfigDict()
+  c.model.head_zeroinit = False
   c.random_init = True
   c.model_label = "vit-random"
   c.detectors = ("msp", "energy", "knn", "react", "mds")
