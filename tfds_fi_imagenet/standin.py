@@ -95,7 +95,8 @@ class _Parser(argparse.ArgumentParser):
     self.exit(2, f"{PROG}: error: {message} (see {PROG} --help)\n")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def parser() -> argparse.ArgumentParser:
+  """The command line's parser (its defaults are the stand-ins' sizes)."""
   p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
               epilog="See the module docstring (tfds_fi_imagenet/standin.py) and README.md.")
   p.add_argument("--data_dir", required=True, help="the TFDS data_dir the stand-ins go into")
@@ -108,6 +109,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--fi_ambiguous", type=_count(0), default=4,
                  help="fi_imagenet_1k ambiguous images (4)")
   p.add_argument("--image_size", type=_count(8), default=32, help="the JPEGs' side in pixels (32)")
+  return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  p = parser()
   args = p.parse_args(argv)
   if args.classes > 1000:
     p.error(f"--classes: ImageNet has 1000 classes, got {args.classes}")

@@ -16,17 +16,50 @@ from fi_jax.data import preprocess
 from fi_jax.extract import cache
 from fi_jax.run import benchmark as run
 from fi_jax.run import command, preflight
-from tests.helpers.imagenet_standin import build_imagenet2012
 from tfds_fi_imagenet import standin, subsets
 
 PP = "decode|resize(16)|value_range(-1, 1)"
 N_CLASSES, PER_CLASS = 20, 10   # of imagenet2012's 1000 classes
 
 
+def _readme_standin_route():
+  """(the standin command's arguments, main.py's --config spec, --workdir, the `id_fit: ...`
+  plan line README quotes) of README's "No data yet?" block, with $S left in."""
+  with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
+    text = f.read()
+  block = next(b.split("```", 1)[0] for b in text.split("```bash")[1:]
+               if "tfds_fi_imagenet.standin" in b.split("```", 1)[0])
+  after = text.split(block, 1)[1]
+  plan = re.search(r"`(id_fit: \d+ examples, \d+ batches of \d+)`", after).group(1)
+  standin_args = config = workdir = None
+  for line in block.replace("\\\n", " ").splitlines():
+    words = shlex.split(line.split("#", 1)[0])
+    if words[:3] == ["python", "-m", "tfds_fi_imagenet.standin"]:
+      standin_args = words[3:]
+    if words[:2] == ["python", "main.py"]:
+      config = next(w.split("=", 1)[1] for w in words if w.startswith("--config="))
+      workdir = next(w.split("=", 1)[1] for w in words if w.startswith("--workdir="))
+  assert standin_args and config and workdir, block
+  return standin_args, config, workdir, plan
+
+
 @pytest.fixture(scope="module")
-def imagenet_dir(tmp_path_factory):
-  """An imagenet2012 stand-in built by the project's builder: 20 classes x 10 images."""
-  return build_imagenet2012(tmp_path_factory.mktemp("imagenet_small"), N_CLASSES, PER_CLASS)
+def readme_standin(tmp_path_factory):
+  """README's stand-in data, built by README's own command into a fresh $S:
+  ($S, the route's main.py --config spec, its --workdir, the plan line README quotes)."""
+  standin_args, spec, workdir, plan = _readme_standin_route()
+  s = str(tmp_path_factory.mktemp("standin"))
+  args = [a.replace("$S", s) for a in standin_args]
+  assert standin.main(args) == 0
+  opts = standin.parser().parse_args(args)
+  assert (opts.classes, opts.per_class) == (N_CLASSES, PER_CLASS)   # what the tests here count
+  return s, opts.data_dir, spec.replace("$S", s), workdir.replace("$S", s), plan
+
+
+@pytest.fixture(scope="module")
+def imagenet_dir(readme_standin):
+  """The imagenet2012 stand-in built by the project's builder: 20 classes x 10 images."""
+  return readme_standin[1]
 
 
 def _spec(data_dir, split="train", **kw):
@@ -75,41 +108,18 @@ def test_preflight_says_how_many_classes_and_images_there_are(imagenet_dir):
       "200 it has."]
 
 
-def _readme_standin_route():
-  """(the standin command's arguments, main.py's --config spec, --workdir, the `id_fit: ...`
-  plan line README quotes) of README's "No data yet?" block, with $S left in."""
-  with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
-    text = f.read()
-  block = next(b.split("```", 1)[0] for b in text.split("```bash")[1:]
-               if "tfds_fi_imagenet.standin" in b.split("```", 1)[0])
-  after = text.split(block, 1)[1]
-  plan = re.search(r"`(id_fit: \d+ examples, \d+ batches of \d+)`", after).group(1)
-  standin_args = config = workdir = None
-  for line in block.replace("\\\n", " ").splitlines():
-    words = shlex.split(line.split("#", 1)[0])
-    if words[:3] == ["python", "-m", "tfds_fi_imagenet.standin"]:
-      standin_args = words[3:]
-    if words[:2] == ["python", "main.py"]:
-      config = next(w.split("=", 1)[1] for w in words if w.startswith("--config="))
-      workdir = next(w.split("=", 1)[1] for w in words if w.startswith("--workdir="))
-  assert standin_args and config and workdir, block
-  return standin_args, config, workdir, plan
-
-
 @pytest.mark.slow
-def test_the_readme_standin_route_plans_and_extracts_only_real_examples(tmp_path):
+def test_the_readme_standin_route_plans_and_extracts_only_real_examples(readme_standin):
   """README's tiny stand-in route replayed: the stand-ins built by its command, its real
   config run on them (the ViT shrunk to one narrow block and two detectors, to stay quick):
   preflight says what the subset has, and the fit set is planned and extracted at the 100
   real images (20 classes x fit_per_class=5), never 5 x 1000."""
-  standin_args, spec, workdir, plan = _readme_standin_route()
-  s = str(tmp_path)
-  assert standin.main([a.replace("$S", s) for a in standin_args]) == 0
-  c = command.load_config(spec.replace("$S", s) + ",width=32,depth=1,heads=2,mlp_dim=64")
+  _, _, spec, workdir, plan = readme_standin
+  c = command.load_config(spec + ",width=32,depth=1,heads=2,mlp_dim=64")
   assert c.random_init and c.id_fit.per_class == 5
   c.detectors = ("msp", "knn")
   logs = []
-  results = run.run(c, workdir.replace("$S", s), log=logs.append)
+  results = run.run(c, workdir, log=logs.append)
   text = "\n".join(logs)
   sizes = results["meta"]["set_sizes"]
   assert sizes == {"id_fit": 100, "id_test": 40, "ood/fi_imagenet_1k": 20}
@@ -119,7 +129,7 @@ def test_the_readme_standin_route_plans_and_extracts_only_real_examples(tmp_path
           "100 it has.") in text
   assert text.index("asks for 5 images") < text.index(plan)   # said before any compute
   dets = run.config_detectors(c)
-  fit = cache.load(run.set_path(c, workdir.replace("$S", s), "id_fit", run.config_specs(c)["id_fit"],
+  fit = cache.load(run.set_path(c, workdir, "id_fit", run.config_specs(c)["id_fit"],
                                 pipeline.set_columns(dets, "id_fit")))
   assert len(fit["logits"]) == 100   # the extracted rows: the real images, no padding
   assert np.bincount(fit["label"], minlength=1000).tolist() == [5] * 20 + [0] * 980
