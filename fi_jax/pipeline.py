@@ -441,8 +441,8 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
   MIN_DISTINCT_SCORES) gets none either, its error text starting with
   `schema.DEGENERATE_PREFIX` ("degenerate: "). With `keep_going`, a detector that fails is
   logged in one line and reported in the errors instead of ending the run; its traceback goes
-  to `debug` (if given), never to `log`. `nonfinite` ("error" | "drop") is passed to `Detector.fit`: what a fit row with a
-  NaN or inf does. With `take`, a detector runs only if `take(name)`, called just before it,
+  to `debug` (if given), never to `log`. `nonfinite` ("error" | "drop") is passed to
+  `Detector.fit`: what a fit row with a NaN or inf does. With `take`, a detector runs only if `take(name)`, called just before it,
   is true (a caller that shares the detectors with another worker claims each one there).
   `on_scores(detector, {set name: scores})` is called with each detector's finite scores as
   soon as they exist (e.g. report.HistWriter.submit). An error for which `fatal(error)` is
