@@ -360,19 +360,22 @@ def check_finite_scores(name: str, per_set: Mapping[str, np.ndarray]) -> None:
 
 # A set's scores are degenerate (the detector ranks nothing) when they take a single value
 # (2+ examples), or fewer than MIN_DISTINCT_SCORES values on a set of at least
-# 2 * MIN_DISTINCT_SCORES examples. Values closer than DISTINCT_TOLERANCE x the largest |score|
-# count as one (a constant computed in another summation order differs in the last bits).
+# 2 * MIN_DISTINCT_SCORES examples. Values within DISTINCT_ULPS units in the last place of the
+# scores' dtype (relative to the largest |score|) count as one: a constant computed in another
+# summation order differs in its last bits, and rounding noise ranks nothing.
 MIN_DISTINCT_SCORES = 5
-DISTINCT_TOLERANCE = 1e-9
+DISTINCT_ULPS = 4
 
 
 def distinct_values(scores: np.ndarray) -> int:
-  """How many distinct values `scores` take (values closer than DISTINCT_TOLERANCE x the
-  largest |score| are one)."""
-  v = np.sort(np.asarray(scores, np.float64).ravel())
+  """How many distinct values `scores` take (values within DISTINCT_ULPS ulps of their dtype,
+  relative to the largest |score|, are one)."""
+  a = np.asarray(scores)
+  eps = float(np.finfo(a.dtype if np.issubdtype(a.dtype, np.floating) else np.float64).eps)
+  v = np.sort(a.astype(np.float64).ravel())
   if not v.size:
     return 0
-  tol = DISTINCT_TOLERANCE * float(np.max(np.abs(v)))
+  tol = DISTINCT_ULPS * eps * float(np.max(np.abs(v)))
   return 1 + int(np.count_nonzero(np.diff(v) > tol))
 
 

@@ -26,8 +26,12 @@ def test_the_rule_counts_distinct_values():
   assert pipeline.degenerate_scores("x", {"ood/a": np.repeat(np.arange(5.0), 4)}) is None
   assert pipeline.degenerate_scores("x", {"ood/a": np.array([1.0, 1.0, 2.0, 2.0])}) is None
   assert pipeline.degenerate_scores("x", {"ood/a": np.array([3.0])}) is None   # one example
-  # a constant that differs in the last bits (another summation order) is still a constant
-  assert pipeline.distinct_values(1.0 + 1e-15 * rng.normal(size=50)) == 1
+  # a constant that differs in the last bits (another summation order) is still a constant,
+  # in the scores' own precision; differences above rounding are distinct values
+  assert pipeline.distinct_values(1.0 + 2e-16 * rng.integers(-1, 2, size=50)) == 1
+  assert pipeline.distinct_values(np.float32(1) + 1.2e-7 * rng.integers(-1, 2, size=50).astype(
+      np.float32)) == 1
+  assert pipeline.distinct_values(1.0 + 1e-12 * np.arange(50)) == 50
   assert pipeline.distinct_values(np.zeros(9)) == 1
 
 
