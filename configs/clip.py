@@ -11,11 +11,13 @@ normalised image embeddings; the head is the zero-shot head of OpenAI's 80 promp
 Arguments: `name`, `ckpt`, `vocab`; the image tower's `width`, `depth`, `heads`, `mlp_dim`,
 `patch` (0 = the checkpoint name's); `res` (input size, 0 = the checkpoint's; the posemb keeps
 the checkpoint's grid and is resized per call); and the common ImageNet ones (configs/common.py
-IMAGENET_ARGS). The report's model label is the variant plus the checkpoint file's name.
+IMAGENET_ARGS). The report's model label is `clip-<name>` (`clip-openai-B16`; the rule:
+fi_jax/common/labels.py; `--config.model_label=...` sets one).
 """
 import ml_collections
 
 from configs import common
+from fi_jax.common.labels import short_label
 from fi_jax.data import preprocess
 from fi_jax.models import _releases as releases
 
@@ -35,6 +37,7 @@ def get_config(arg=None):
     model_kw["image"] = common.arch_overrides(arg)
   c = common.base_config()
   c.model_name = "clip"
+  c.model_label = short_label("clip", arg.name)
   c.model = ml_collections.ConfigDict(model_kw)
   c.model_init = arg.ckpt
   c.init_shape = (1, res, res, 3)

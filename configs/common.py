@@ -5,7 +5,7 @@ import re
 
 import ml_collections
 
-from fi_jax.common import detector_names
+from fi_jax.common import detector_names, labels
 
 # The detectors that need only logits/features of a classifier and fit in seconds; configs
 # extend this list (see fi_jax.detectors.names() for all). Nothing here imports JAX: the
@@ -195,7 +195,7 @@ def imagenet_benchmark(c: ml_collections.ConfigDict, arg) -> ml_collections.Conf
   c.detector_preset = arg.preset
   c.random_init = arg.random_init
   if arg.random_init and not c.model_init and c.model_label:
-    c.model_label += " (random init)"   # an unset label gets it in fi_jax.run.model_label
+    c.model_label += labels.RANDOM_INIT_SUFFIX   # an unset label gets it in fi_jax.run.model_label
   return c
 
 

@@ -12,11 +12,13 @@ Arguments: `ckpt`, `head`, `variant` (S/14, B/14, L/14, g/14), `registers`, `lay
 `width`, `depth`, `heads`, `mlp_dim`, `patch` (0 = the variant's); `res` (crop size; the
 resize is res * 256/224; the posemb keeps the checkpoint's grid and is interpolated per call);
 and the common ImageNet ones (configs/common.py IMAGENET_ARGS). The report's model label is
-the variant plus the backbone file's name.
+`dinov2-<variant>[-reg<registers>][-linear1]` (`dinov2-B14-reg4`; the rule:
+fi_jax/common/labels.py; `--config.model_label=...` sets one).
 """
 import ml_collections
 
 from configs import common
+from fi_jax.common.labels import short_label
 from fi_jax.data import preprocess
 from fi_jax.models import _releases as releases
 
@@ -26,6 +28,8 @@ def get_config(arg=None):
                          res=224, **common.ARCH_ARGS, **common.IMAGENET_ARGS)
   c = common.base_config()
   c.model_name = "dinov2"
+  c.model_label = short_label("dinov2", arg.variant, f"reg{arg.registers}" if arg.registers else "",
+                              "linear1" if arg.layers == 1 else "")
   c.model = ml_collections.ConfigDict(dict(
       num_classes=1000, variant=arg.variant, num_registers=arg.registers,
       head_layers=arg.layers, **common.arch_overrides(arg)))

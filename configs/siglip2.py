@@ -12,11 +12,13 @@ prompts (+ "{}"), averaged and renormalised, times exp(t) plus b.
 Arguments: `release`, `ckpt`, `tokenizer`, `templates`; the image tower's `width`, `depth`,
 `heads`, `mlp_dim`, `patch` (0 = the release's); `res` (input size, 0 = the release's; the
 posemb is resampled at load, with a warning); and the common ImageNet ones (configs/common.py
-IMAGENET_ARGS). The report's model label is the release name (or the `ckpt` file's name).
+IMAGENET_ARGS). The report's model label is the release name (`siglip2_b16_224`; the rule:
+fi_jax/common/labels.py; `--config.model_label=...` sets one).
 """
 import ml_collections
 
 from configs import common
+from fi_jax.common.labels import short_label
 from fi_jax.models import _releases as releases
 
 
@@ -27,6 +29,7 @@ def get_config(arg=None):
   rc = releases.siglip_release_config(arg.release)
   c = common.base_config()
   c.model_name = "two_towers"
+  c.model_label = short_label("siglip", arg.release)
   rc["model"]["image"].update(common.arch_overrides(arg, patch_tuple=True))
   c.model = ml_collections.ConfigDict(rc["model"])
   c.model_init = arg.ckpt or rc["model_init"]

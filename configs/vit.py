@@ -13,12 +13,13 @@ Arguments: `ckpt`; `variant` (B/16, L/16, ...); `width`, `depth`, `heads`, `mlp_
 (0 = the variant's; for a checkpoint of another shape); `res` (input size; the posemb is
 resampled at load if the checkpoint's grid differs, with a warning); `pool` (tok/gap/map);
 `rep_size`; `timm_gelu` (exact GELU, timm weights); and the common ImageNet ones
-(configs/common.py IMAGENET_ARGS). The report's model label is the variant plus the
-checkpoint file's name (`--config.model_label=...` sets one).
+(configs/common.py IMAGENET_ARGS). The report's model label is `vit-<variant>` (`vit-B16`; the
+rule: fi_jax/common/labels.py; `--config.model_label=...` sets one).
 """
 import ml_collections
 
 from configs import common
+from fi_jax.common.labels import short_label
 
 
 def get_config(arg=None):
@@ -26,8 +27,12 @@ def get_config(arg=None):
                          timm_gelu=False, **common.ARCH_ARGS, **common.IMAGENET_ARGS)
   c = common.base_config()
   c.model_name = "vit"
+  c.model_label = short_label("vit", arg.variant)
   c.model = ml_collections.ConfigDict(dict(
       num_classes=1000, variant=arg.variant, pool_type=arg.pool, rep_size=arg.rep_size or False,
+      # random_init: a random head too (big_vision's zero-initialised head gives all-zero
+      # logits, so every logit detector would be degenerate); a checkpoint replaces it anyway
+      head_zeroinit=not arg.random_init,
       act="gelu_exact" if arg.timm_gelu else "gelu",
       **common.arch_overrides(arg, patch_tuple=True)))
   c.model_init = arg.ckpt

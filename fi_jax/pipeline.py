@@ -28,6 +28,7 @@ from fi_jax.extract import forward as extract
 from fi_jax.extract import layer_columns as layer_lib
 from fi_jax.metrics import device as metrics
 from fi_jax.models import _predictor
+from fi_jax.report import schema
 
 Log = Callable[[str], None]
 Arrays = dict[str, np.ndarray]
@@ -342,6 +343,11 @@ def layer_outputs(out: detectors.Outputs, arrays: Mapping[str, np.ndarray]) -> d
   return detectors.Outputs(out.features, out.logits, out.labels, extras)
 
 
+def one_line(text: str) -> str:
+  """`text` with its line breaks and runs of spaces as single spaces (a console line)."""
+  return " ".join(str(text).split())
+
+
 def check_finite_scores(name: str, per_set: Mapping[str, np.ndarray]) -> None:
   """ValueError naming the detector, every set with NaN or inf scores and their counts."""
   bad = {s: int(np.size(v) - np.isfinite(v).sum()) for s, v in per_set.items()}
@@ -350,6 +356,43 @@ def check_finite_scores(name: str, per_set: Mapping[str, np.ndarray]) -> None:
     where = "; ".join(f"{k} of {np.size(per_set[s])} on {s!r}" for s, k in bad.items())
     raise ValueError(f"{name}: non-finite scores (NaN or inf): {where}. Its metric rows are "
                      f"left out (docs/detectors.md#input-checks).")
+
+
+# A set's scores are degenerate (the detector ranks nothing) when they take a single value
+# (2+ examples), or fewer than MIN_DISTINCT_SCORES values on a set of at least
+# 2 * MIN_DISTINCT_SCORES examples. Values within DISTINCT_ULPS units in the last place of the
+# scores' dtype (relative to the largest |score|) count as one: a constant computed in another
+# summation order differs in its last bits, and rounding noise ranks nothing.
+MIN_DISTINCT_SCORES = 5
+DISTINCT_ULPS = 4
+
+
+def distinct_values(scores: np.ndarray) -> int:
+  """How many distinct values `scores` take (values within DISTINCT_ULPS ulps of their dtype,
+  relative to the largest |score|, are one)."""
+  a = np.asarray(scores)
+  eps = float(np.finfo(a.dtype if np.issubdtype(a.dtype, np.floating) else np.float64).eps)
+  v = np.sort(a.astype(np.float64).ravel())
+  if not v.size:
+    return 0
+  tol = DISTINCT_ULPS * eps * float(np.max(np.abs(v)))
+  return 1 + int(np.count_nonzero(np.diff(v) > tol))
+
+
+def degenerate_scores(name: str, per_set: Mapping[str, np.ndarray]) -> Optional[str]:
+  """Why detector `name`'s finite scores are degenerate (see MIN_DISTINCT_SCORES), naming
+  each such set with its count of distinct values and examples; None when none is."""
+  bad = []
+  for s, v in per_set.items():
+    n, k = int(np.size(v)), distinct_values(v)
+    if n >= 2 and (k == 1 or (n >= 2 * MIN_DISTINCT_SCORES and k < MIN_DISTINCT_SCORES)):
+      bad.append(f"{'a single value' if k == 1 else f'{k} distinct values'} on {s!r} "
+                 f"({n} examples)")
+  if not bad:
+    return None
+  return (f"{name}: its scores take " + "; ".join(bad) + f" (fewer than {MIN_DISTINCT_SCORES} "
+          "distinct values rank nothing: its AUROC would be a tie, not a result). Its metric "
+          "rows are left out (docs/detectors.md#degenerate-scores).")
 
 
 def _with_stat(out: detectors.Outputs, arrays: Arrays, name: str) -> detectors.Outputs:
@@ -389,16 +432,20 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
                log: Log = _no_log, keep_going: bool = False,
                nonfinite: str = "error", take: Optional[Callable[[str], bool]] = None,
                on_scores: Optional[Callable[[str, dict], None]] = None,
-               fatal: Optional[Callable[[BaseException], bool]] = None) -> tuple[dict, dict]:
+               fatal: Optional[Callable[[BaseException], bool]] = None,
+               debug: Optional[Log] = None) -> tuple[dict, dict]:
   """Fits every detector on "id_fit" and scores every other set, all inside one
   `detectors.shared()` scope (work common to several detectors is done once), in scoring blocks
   sized for the largest scored set (`detectors.scoring_rows`).
 
   Returns ({detector: {set name: scores}}, {detector: error text}). A detector whose scores
-  contain NaN or inf on any set fails (`check_finite_scores`) and gets no scores. With
-  `keep_going`, a detector that fails is logged and reported in the errors instead of ending
-  the run. `nonfinite` ("error" | "drop") is passed to `Detector.fit`: what a fit row with a
-  NaN or inf does. With `take`, a detector runs only if `take(name)`, called just before it,
+  contain NaN or inf on any set fails (`check_finite_scores`) and gets no scores; one whose
+  scores are degenerate on a set (`degenerate_scores`: a single value, or fewer than
+  MIN_DISTINCT_SCORES) gets none either, its error text starting with
+  `schema.DEGENERATE_PREFIX` ("degenerate: "). With `keep_going`, a detector that fails is
+  logged in one line and reported in the errors instead of ending the run; its traceback goes
+  to `debug` (if given), never to `log`. `nonfinite` ("error" | "drop") is passed to
+  `Detector.fit`: what a fit row with a NaN or inf does. With `take`, a detector runs only if `take(name)`, called just before it,
   is true (a caller that shares the detectors with another worker claims each one there).
   `on_scores(detector, {set name: scores})` is called with each detector's finite scores as
   soon as they exist (e.g. report.HistWriter.submit). An error for which `fatal(error)` is
@@ -445,6 +492,13 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
           state = det.fit(fit, head, nonfinite=nonfinite)
           per_set = {s: np.asarray(det.score(state, out)) for s, out in test_sets.items()}
         check_finite_scores(name, per_set)
+        why = degenerate_scores(name, per_set)
+        if why is not None:
+          if not keep_going:
+            raise ValueError(why)
+          errors[name] = schema.DEGENERATE_PREFIX + why
+          log(f"  {name}: DEGENERATE ({one_line(why)})")
+          continue
         scores[name] = per_set
         if on_scores is not None:
           on_scores(name, per_set)
@@ -453,7 +507,9 @@ def score_sets(dets: Mapping[str, Any], sets: Mapping[str, Arrays], head: detect
         if not keep_going or (fatal is not None and fatal(e)):
           raise
         errors[name] = f"{type(e).__name__}: {e}"
-        log(f"  {name}: FAILED ({errors[name]})\n{traceback.format_exc(limit=3)}")
+        log(f"  {name}: FAILED ({one_line(errors[name])})")
+        if debug is not None:
+          debug(f"{name}: FAILED\n{traceback.format_exc()}")
   return scores, errors
 
 

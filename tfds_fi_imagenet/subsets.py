@@ -60,7 +60,10 @@ def per_class_subset(ds, n_per_class: int, num_classes: int, *, label_key: str =
   ds = ds.scan(init, step)
   # Stop right after the example that completed the last class.
   ds = ds.take_while(lambda ex, keep, done_before: tf.logical_not(done_before))
-  ds = ds.filter(lambda ex, keep, done_before: keep).map(lambda ex, keep, done_before: ex)
+  # one lambda per line, with its own argument names: AutoGraph cannot tell apart two lambdas of
+  # one signature on one line (it warns, per call, that it cannot convert them)
+  ds = ds.filter(lambda ex, keep, done_before: keep)
+  ds = ds.map(lambda example, kept, done: example)
   if process_count > 1:
     ds = ds.shard(process_count, process_index)
   return ds

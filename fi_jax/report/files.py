@@ -173,7 +173,10 @@ def write(results: Mapping, workdir: str) -> None:
             "Metrics in percent; ID is the positive class for AUROC and FPR@95 (threshold: the "
             "K-th largest ID score); FPR@95 (OOD+) is OpenOOD v1.5's. Brackets: bootstrap CI.\n")
     for fl in failures(results):
-      f.write(f"\n- detector {fl['detector']} failed: {tables.cell(fl['failed'], 2000)}\n")
+      what, why = "failed", str(fl["failed"])
+      if schema.is_degenerate(fl):
+        what, why = "is degenerate", why.removeprefix(schema.DEGENERATE_PREFIX)
+      f.write(f"\n- detector {fl['detector']} {what}: {tables.cell(why, 2000)}\n")
     if fs:
       f.write(f"\n## Full spectrum (OpenOOD v1.5 FS): ID = {fs['id_set']}\n\n"
               "The covariate-shifted ID sets count as ID; ID accuracy above is pooled over "

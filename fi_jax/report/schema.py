@@ -5,7 +5,9 @@
      "meta": Meta,                 # config, versions, set sizes, timings, model label, ...
      "id_accuracy": float | None,  # top-1 on the ID test set (None: no labels)
      "rows": [Row, ...],           # one per (model, detector, ID set, OOD set)
-     "failed": [Failure, ...],     # one per detector that raised or gave non-finite scores
+     "failed": [Failure, ...],     # one per detector that raised, gave non-finite scores or
+                                   # degenerate ones (status "degenerate": a single value, or
+                                   # fewer than a handful, on a set)
      "full_spectrum": FullSpectrum}   # only with covariate-shifted ID sets (config.csid)
 
 Metric values are fractions in [0, 1]; a missing or non-finite value is `null` in the file.
@@ -57,9 +59,17 @@ class Row(TypedDict, total=False):
   per_class: dict   # in memory only: {group, n_ood, <metric>: [per OOD class]} -> per_class/
 
 
-class Failure(TypedDict):
+# a detector whose scores rank nothing (fi_jax.pipeline.degenerate_scores: a single value, or
+# fewer than a handful, on a set): its Failure's `failed` text starts with this and its `status`
+# is DEGENERATE
+DEGENERATE = "degenerate"
+DEGENERATE_PREFIX = DEGENERATE + ": "
+
+
+class Failure(TypedDict, total=False):
   detector: str
-  failed: str   # "<ExceptionType>: <message>"
+  failed: str   # "<ExceptionType>: <message>", or "degenerate: <why>"
+  status: str   # "failed" or DEGENERATE (absent in files written before: "failed")
 
 
 class Meta(TypedDict, total=False):
@@ -129,6 +139,19 @@ def check_row(row: Mapping) -> None:
         ([f"missing {missing}"] if missing else [])
         + ([f"fields {unknown} are not in fi_jax.report.schema (declare a new metric in "
             f"METRICS)"] if unknown else [])))
+
+
+def failure(detector: str, reason: str) -> Failure:
+  """The `failed` entry of a detector without rows: its reason, and `status` DEGENERATE when
+  the reason is a degenerate-scores finding (DEGENERATE_PREFIX), else "failed"."""
+  return {"detector": detector, "failed": reason,
+          "status": DEGENERATE if reason.startswith(DEGENERATE_PREFIX) else "failed"}
+
+
+def is_degenerate(entry: Mapping) -> bool:
+  """Whether a `failed` entry is a degenerate detector (not one that raised)."""
+  return entry.get("status") == DEGENERATE or str(entry.get("failed", "")).startswith(
+      DEGENERATE_PREFIX)
 
 
 def make(meta: Mapping, id_accuracy: Optional[float], rows: Sequence[Mapping],

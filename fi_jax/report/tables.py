@@ -70,10 +70,12 @@ def cell(text: str, limit: int = 160) -> str:
 
 def table(results: Mapping) -> str:
   """The Markdown table: per OOD set (configured order) every configured detector, best
-  first by the sort key; failed detectors last with their reason."""
+  first by the sort key; failed detectors last with their reason (cells `degenerate` for a
+  detector whose scores rank nothing, `schema.is_degenerate`, else `failed`)."""
   rows = list(results["rows"])
   cols = _columns(rows)
   failed = {f["detector"]: f["failed"] for f in failures(results)}
+  degenerate = {f["detector"] for f in failures(results) if schema.is_degenerate(f)}
   key, where = sort_spec(results)
   order = ranked_detectors(rows, key, where)
   order += [d for d in configured_detectors(results) if d not in order]
@@ -94,7 +96,8 @@ def table(results: Mapping) -> str:
           cells.append("")
       else:
         reason = failed.get(det, "no result")
-        cells = [str(model), det, str(id_set), ood] + ["failed"] * len(cols) + [cell(reason)]
+        status = schema.DEGENERATE if det in degenerate else "failed"
+        cells = [str(model), det, str(id_set), ood] + [status] * len(cols) + [cell(reason)]
         if not failed:
           cells = cells[:-1]
       lines.append("| " + " | ".join(cells) + " |")

@@ -19,9 +19,12 @@ With every set `source="features"` (fi_jax/extract/own_features.py) steps 1-2 re
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import platform
 import sys
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -50,6 +53,58 @@ from fi_jax.run.model import (
 )
 
 Log = Callable[[str], None]
+# the tracebacks of the detectors that failed (appended per run; the console has one line each)
+TRACEBACKS_FILE = "tracebacks.log"
+
+
+class _OncePerRun(logging.Filter):
+  """Lets through each (level, text) of a log record once: a warning repeated per set, per
+  batch or per detector call (KNN's `k > bank size` on every scored set) is printed once."""
+
+  def __init__(self):
+    super().__init__()
+    self._seen: set = set()
+    self._lock = threading.Lock()
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if getattr(record, "_fi_jax_passed", None) is self:   # let through at an earlier filter
+      return True
+    key = (record.levelno, record.getMessage())
+    with self._lock:
+      if key in self._seen:
+        return False
+      self._seen.add(key)
+    record._fi_jax_passed = self
+    return True
+
+
+@contextlib.contextmanager
+def each_message_once():
+  """While the run lasts, every log record (absl's and the standard library's: the root and
+  absl loggers and their handlers, which every propagated record reaches) is emitted once."""
+  once = _OncePerRun()
+  root, absl_logger = logging.getLogger(), logging.getLogger("absl")
+  targets = list(dict.fromkeys([root, absl_logger, *root.handlers, *absl_logger.handlers]))
+  for t in targets:
+    t.addFilter(once)
+  try:
+    yield
+  finally:
+    for t in targets:
+      t.removeFilter(once)
+
+
+def traceback_writer(workdir: str, run_id: str) -> Log:
+  """debug(text) for `pipeline.score_sets`: appends text to <workdir>/tracebacks.log under a
+  header naming the run (process 0 only)."""
+  path = os.path.join(workdir, TRACEBACKS_FILE)
+
+  def write(text: str) -> None:
+    if jax.process_index() != 0:
+      return
+    with open(path, "a") as f:
+      f.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {run_id}: {text.rstrip()}\n")
+  return write
 
 
 
@@ -204,23 +259,28 @@ def _checks(config, workdir: str, log: Log) -> tuple[dict, dict]:
   return dets, specs
 
 
-def run(config, workdir: str, log: Log = log_on_process_0) -> dict:
+def run(config, workdir: str, log: Log = log_on_process_0, *, verbose: bool = False) -> dict:
   """Runs the whole benchmark described by `config`; writes and returns the results. A run
   that fails its checks (the config's values, preflight) leaves none of the workdir's folders
   it made behind (a workdir that existed before stays as it was).
+
+  A detector that fails is one line in `log`; its traceback goes to <workdir>/tracebacks.log
+  (`TRACEBACKS_FILE`) and, with `verbose`, to `log` too. Each log record (a warning the same
+  detector gives on every set, ...) is emitted once per run (`each_message_once`).
 
   An error that a program loaded from JAX's persistent compilation cache gives when it is not
   the program its key names (fi_jax/run/jax_cache.py) becomes one `CompilationCacheError`
   naming the cache folder and saying to delete it."""
   try:
-    return _run(config, workdir, log, time.time())
+    with each_message_once():
+      return _run(config, workdir, log, time.time(), verbose)
   except Exception as e:
     if jax_cache.points_to_cache(e):
       raise jax_cache.error(e, jax.config.jax_compilation_cache_dir) from None
     raise
 
 
-def _run(config, workdir: str, log: Log, t_start: float) -> dict:
+def _run(config, workdir: str, log: Log, t_start: float, verbose: bool = False) -> dict:
   """`run`'s body."""
   timings: dict[str, float] = {}
   created = workdirs.missing(workdir)   # what validate's writability test makes
@@ -270,7 +330,7 @@ def _run(config, workdir: str, log: Log, t_start: float) -> dict:
       return results
     try:
       results = _score_and_report(config, workdir, log, dets, specs, sets, head, model_meta,
-                                  random_init, timings, t_start, ahead)
+                                  random_init, timings, t_start, ahead, verbose)
     except Exception as e:
       if on_0_only:   # the other processes are waiting for the results
         distributed.broadcast_json({"error": f"{type(e).__name__}: {e}"})
@@ -293,17 +353,21 @@ def part_reader(config, workdir: str, specs: dict, dets: dict, log: Log):
 
 def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, sets: dict,
                       head, model_meta: dict, random_init: bool, timings: dict,
-                      t_start: float, ahead: ahead_lib.CompileAhead) -> dict:
+                      t_start: float, ahead: ahead_lib.CompileAhead,
+                      verbose: bool = False) -> dict:
   """Detectors, metric rows and the report files of every set's arrays (on one process);
   `ahead`'s thread, if it runs, shares the detectors (`CompileAhead.claim`).
 
   Process 0 writes the report into a staging folder (`report.StagedReport`) and publishes it
   as one unit at the end: a run that is killed, or whose writing fails, leaves the previous
   report as it was. The per-example scores are written first: if the metrics then fail, they
-  are published alone (marked incomplete) before the error is raised."""
+  are published alone (marked incomplete) before the error is raised. A failed detector's
+  traceback goes to <workdir>/tracebacks.log (and `log` with `verbose`)."""
   sets, dropped = pipeline.drop_nonfinite(sets, config.get("nonfinite", "error"), log)
   sets, id_label_meta = reannotated_id(config, specs, sets, log)
   run_id = report.new_run_id()
+  to_file = traceback_writer(workdir, run_id)
+  debug = (lambda text: (to_file(text), log(text))) if verbose else to_file
   rcfg = to_dict(config.get("report", {}))
   stage = report.StagedReport(workdir, run_id) if jax.process_index() == 0 else None
   # each detector's histogram is drawn (into the staging folder) in the background while the
@@ -319,7 +383,8 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
       scores, errors = pipeline.score_sets(dets, sets, head, log=log, keep_going=True,
                                            nonfinite=config.get("nonfinite", "error"),
                                            take=ahead.claim, fatal=jax_cache.points_to_cache,
-                                           on_scores=hists.submit if hists else None)
+                                           on_scores=hists.submit if hists else None,
+                                           debug=debug)
     finally:
       ahead.finish()
     timings["detectors"] = time.time() - t
@@ -396,7 +461,7 @@ def _results(config, workdir: str, log: Log, dets: dict, specs: dict, sets: dict
       "detector_errors": errors, "nonfinite_dropped": dropped, **model_meta,
   }
   results = schema.make(meta, pipeline.id_accuracy(sets["id_test"]), rows,
-                        [{"detector": n, "failed": errors[n]} for n in dets if n in errors],
+                        [schema.failure(n, errors[n]) for n in dets if n in errors],
                         full_spectrum(config, specs, sets, scores))
   if jax.process_index() == 0:
     results["meta"].update(report_extras(specs, sets))

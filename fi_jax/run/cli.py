@@ -95,6 +95,9 @@ def _define_flags(config: ml_collections.ConfigDict, argv: list[str]) -> None:
   config_flags.DEFINE_config_dict("config", config, "The config (--config=configs/*.py[:arg]).",
                                   lock_config=True, sys_argv=argv)
   flags.DEFINE_string("workdir", "workdir", "Where results and the feature cache go.")
+  if "verbose" not in flags.FLAGS:
+    flags.DEFINE_bool("verbose", False, "A failed detector's traceback on the console too "
+                      "(it is always in <workdir>/tracebacks.log).")
   flags.DEFINE_string("coordinator_address", None, "Multi-host: jax.distributed coordinator.")
   flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
   flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
@@ -128,6 +131,8 @@ Common overrides (any field the config defines; nested fields with dots):
   --config.cache=False                       no feature cache
   --config.nonfinite=drop                    drop non-finite feature rows instead of failing
   --workdir=DIR                              results and the feature cache (default: workdir)
+  --verbose                                  a failed detector's traceback on the console too
+                                             (it is always in WORKDIR/tracebacks.log)
   --coordinator_address, --num_processes, --process_id   multi-host runs
   --flagfile=FILE                            flags read from a file; --helpfull: every flag
 
@@ -207,7 +212,7 @@ def _main(argv):
                          flags.FLAGS.process_id)
   warnings.simplefilter("once")   # a repeated warning (per batch, per detector) prints once
   try:
-    run.run(flags.FLAGS.config, flags.FLAGS.workdir)
+    run.run(flags.FLAGS.config, flags.FLAGS.workdir, verbose=flags.FLAGS.verbose)
     _end(0)
   except KeyboardInterrupt:
     _end(130)   # run.run printed what the cache kept

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fi_jax.common.labels import RANDOM_INIT_SUFFIX, short_label
 from fi_jax.common.outputs import Head
 from fi_jax.data import loader, preprocess
 from fi_jax.extract import cache
@@ -140,8 +141,6 @@ def model_key(config) -> str:
                       to_dict(config.get("model_load", {})), to_dict(config.get("train") or {}),
                       config.pp, config.seed, list(config.get("init_shape", ())))
 
-# File stems that name no model (hub downloads): the label takes the folder name too.
-_GENERIC_STEMS = ("model", "pytorch_model", "open_clip_model", "open_clip_pytorch_model")
 
 def _checkpoint_files(config) -> list[str]:
   """The local files the model loads: model_init (a release name resolved as by the loaders,
@@ -154,25 +153,20 @@ def _checkpoint_files(config) -> list[str]:
   return files + ([head] if head else [])
 
 def model_label(config) -> str:
-  """The report's model name: `config.model_label` if set, else the model family and variant
-  with the checkpoint actually loaded (its file name; a release name as is), so that a report
-  never names a model other than the one evaluated."""
+  """The report's model name: `config.model_label` if set (the bundled configs set the
+  default of fi_jax/common/labels.py: `vit-B16`, `clip-openai-B16`, ...), else the same rule
+  on the model family and variant (a release name as is), with `-random-init` for a model
+  without a checkpoint under random_init. The checkpoint file is in `checkpoint_meta`."""
   if config.get("model_label"):
     return config.model_label
   m = to_dict(config.model)
   variant = m.get("variant") or (m.get("image") or {}).get("variant")
-  base = config.model_name + (f"-{variant}" if isinstance(variant, str) and variant else "")
   init = config.get("model_init") or ""
-  if not init:
-    return base + (" (random init)" if config.get("random_init") else "")
   if isinstance(init, str) and init.partition(":")[0] in {**releases.VANITY_NAMES,
                                                          **releases.SIGLIP_RELEASES}:
-    return init
-  file = _checkpoint_files(config)[0]
-  stem = os.path.splitext(os.path.basename(file))[0]
-  if stem in _GENERIC_STEMS:
-    stem = f"{os.path.basename(os.path.dirname(os.path.abspath(file)))}/{stem}"
-  return f"{base} ({stem})"
+    return short_label(init.partition(":")[0])
+  label = short_label(config.model_name, variant if isinstance(variant, str) else "")
+  return label + (RANDOM_INIT_SUFFIX if not init and config.get("random_init") else "")
 
 def checkpoint_meta(config) -> list[dict[str, Any]]:
   """Path, size, mtime and sha256 of the first MiB of each checkpoint file loaded (results

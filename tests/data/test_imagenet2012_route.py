@@ -62,7 +62,7 @@ def test_pipeline_fits_on_half_of_train(imagenet_dir, tmp_path):
   c = ml_collections.ConfigDict(dict(
       seed=0, model_name="vit", model_label="vit-tiny", random_init=True,
       model=dict(num_classes=1000, patch_size=(4, 4), width=32, depth=1, mlp_dim=64,
-                 num_heads=2, pool_type="gap"),
+                 num_heads=2, pool_type="gap", head_zeroinit=False),   # zero head: constant MSP
       model_init="", init_shape=(1, 16, 16, 3), train={}, pp=PP, batch_size=4,
       id_name="imagenet2012/train[50%:]", id_fit=spec("train[:50%]"),
       id_test=spec("train[50%:]"), ood={"same": spec("train[50%:]", label_key=None)},

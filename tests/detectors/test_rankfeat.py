@@ -338,6 +338,7 @@ def test_demo_run_reports_rankfeat(tmp_path):
   compiled once for every set (the fit set skips the scorers)."""
   c = demo.get_config("quick")
   c.train = ml_collections.ConfigDict()
+  c.model.head_zeroinit = False   # a zero head's constant logits: msp and odin degenerate
   c.random_init = True
   c.model_label = "vit-random"
   c.detectors = ("msp", "odin", "rankfeat")

@@ -68,6 +68,8 @@ def main():
   config = demo.get_config("quick=True")
   config.train = None
   config.random_init = True   # the random-init model is what the evaluator sees too
+  # with a random head: a zero head's constant logits make msp/energy/fdbd degenerate (no rows)
+  config.model.head_zeroinit = False
   config.x64 = False
   config.batch_size = BS
   config.detectors = list(DETS)

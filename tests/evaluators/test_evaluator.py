@@ -14,7 +14,8 @@ PP = "value_range(-1, 1, 0, 16)"
 
 
 def test_evaluator_under_disallowed_transfers():
-  model = vit.Model(len(ID), patch_size=(2, 2), width=32, depth=1, mlp_dim=64, num_heads=2)
+  model = vit.Model(len(ID), patch_size=(2, 2), width=32, depth=1, mlp_dim=64, num_heads=2,
+                    head_zeroinit=False)   # a zero head: constant MSP, a degenerate detector
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
   train_state = {"params": params}
 

@@ -64,7 +64,7 @@ def test_pipeline_report_on_fake_fi_imagenet(fake_data_dir, tmp_path):
   c = ml_collections.ConfigDict(dict(
       seed=0, model_name="vit", model_label="vit-tiny-random",
       model=dict(num_classes=1000, patch_size=(4, 4), width=32, depth=1, mlp_dim=64,
-                 num_heads=2, pool_type="gap"),
+                 num_heads=2, pool_type="gap", head_zeroinit=False),   # zero head: constant MSP
       model_init="", init_shape=(1, 16, 16, 3), train={}, pp=PP, batch_size=8,
       id_name="fi_imagenet_1k/id", id_fit=_spec(fake_data_dir, "id"),
       id_test=_spec(fake_data_dir, "id"),

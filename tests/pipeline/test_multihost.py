@@ -150,7 +150,8 @@ import jax.numpy as jnp
 from fi_jax.evaluators import ood
 from fi_jax.models import vit
 ID = (0, 1, 2)
-model = vit.Model(len(ID), patch_size=(2, 2), width=32, depth=1, mlp_dim=64, num_heads=2)
+model = vit.Model(len(ID), patch_size=(2, 2), width=32, depth=1, mlp_dim=64, num_heads=2,
+                  head_zeroinit=False)   # a zero head: constant MSP and ODIN (degenerate)
 params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
 ev = ood.Evaluator(
     lambda ts, batch: model.apply({"params": ts["params"]}, batch["image"]), batch_size=32,

@@ -25,9 +25,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _digits_config(**over) -> ml_collections.ConfigDict:
-  """The demo's sets and a tiny random ViT (no training): a real pipeline in seconds."""
+  """The demo's sets and a tiny random ViT (no training): a real pipeline in seconds. Its head
+  is random too (a zero-initialised head gives constant logits: the logit detectors would be
+  degenerate)."""
   c = demo.get_config("quick")
   c.train = ml_collections.ConfigDict()
+  c.model.head_zeroinit = False
   c.random_init = True
   c.model_label = "vit-random"
   c.detectors = ("msp", "energy", "knn", "react", "mds")
@@ -74,7 +77,7 @@ def test_real_config_without_checkpoint_needs_random_init():
   assert len(problems) == 1 and "random_init=True" in problems[0]
   c = vit.get_config("random_init=True")
   assert preflight.check_model(c) == [] and c.random_init
-  assert run_model.model_label(c) == "vit-B/16 (random init)"
+  assert run_model.model_label(c) == "vit-B16-random-init"
   assert preflight.check_model(demo.get_config("quick")) == []   # trains: no checkpoint needed
 
 

@@ -86,26 +86,35 @@ def test_architecture_args_reach_the_model():
   assert timm.get_config("").pp == timm.get_config("res=0").pp
 
 
-def test_labels_and_meta_come_from_the_checkpoint_loaded(tmp_path):
+def test_labels_are_short_and_meta_names_the_checkpoint_loaded(tmp_path):
+  """The default label is the family and the model (fi_jax/common/labels.py), the same
+  whatever file is loaded; results meta names the file."""
   import hashlib
 
   from configs import clip, dinov2, siglip2, vit
+  from fi_jax.common.labels import short_label
   path = tmp_path / "B_16-i21k-300ep-res_224.npz"
   path.write_bytes(b"x" * 3000)
   c = vit.get_config(f"ckpt={path}")
-  assert run_model.model_label(c) == "vit-B/16 (B_16-i21k-300ep-res_224)"
+  assert run_model.model_label(c) == "vit-B16"
   (m,) = run_model.checkpoint_meta(c)
   assert (m["path"], m["bytes"]) == (str(path), 3000)
   assert m["sha256_first_mib"] == hashlib.sha256(b"x" * 3000).hexdigest() and m["mtime"]
   c.model_label = "mine"
   assert run_model.model_label(c) == "mine"                      # an explicit label wins
-  assert run_model.model_label(vit.get_config("random_init=True")) == "vit-B/16 (random init)"
+  assert run_model.model_label(vit.get_config("random_init=True")) == "vit-B16-random-init"
+  assert run_model.model_label(vit.get_config("variant=L/16,ckpt=x.npz")) == "vit-L16"
   assert run_model.model_label(siglip2.get_config("release=siglip2_b16_224")) == "siglip2_b16_224"
   hub = tmp_path / "vit_base_patch16_clip_224.openai"
   hub.mkdir()
   c = clip.get_config(f"ckpt={hub / 'open_clip_model.safetensors'}")
-  assert run_model.model_label(c) == "clip-B/16 (vit_base_patch16_clip_224.openai/open_clip_model)"
-  c = dinov2.get_config("ckpt=/x/dinov2_vitb14_reg4_pretrain.pth,head=/x/h.pth")
-  assert run_model.model_label(c) == "dinov2-B/14 (dinov2_vitb14_reg4_pretrain)"
+  assert run_model.model_label(c) == "clip-openai-B16"
+  c = clip.get_config("name=openai-L/14@336,ckpt=x.safetensors")
+  assert run_model.model_label(c) == "clip-openai-L14-336"   # no '@': compare's LABEL@WORKDIR
+  c = dinov2.get_config("ckpt=/x/dinov2_vitb14_reg4_pretrain.pth,head=/x/h.pth,registers=4")
+  assert run_model.model_label(c) == "dinov2-B14-reg4"
   assert run_model.checkpoint_meta(c) == [{"path": "/x/dinov2_vitb14_reg4_pretrain.pth", "exists": False},
                                     {"path": "/x/h.pth", "exists": False}]
+  c.model_label = ""   # a config without a label: the same rule on the family and variant
+  assert run_model.model_label(c) == "dinov2-B14"
+  assert short_label("a b", "(x)", "y:z") == "a-b-x-y-z"
