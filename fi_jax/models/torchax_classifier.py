@@ -39,6 +39,7 @@ the same config once on a host with torch (same batch size), then copy the folde
 """
 from __future__ import annotations
 
+import collections
 import copy
 import datetime
 import hashlib
@@ -286,7 +287,11 @@ def _load_into(m, sd: Mapping[str, np.ndarray], name: str, ckpt: str, url: str) 
         [f"not in the model: {unexpected[:8]}"] if unexpected else []) + shapes[:8]
     raise CheckpointError(f"{ckpt!r} does not fit {name}: {'; '.join(parts)}. The weights "
                           f"of {name} are at {url}.")
-  m.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in sd.items()}, strict=True)
+  tensors = collections.OrderedDict((k, torch.from_numpy(np.array(v))) for k, v in sd.items())
+  # the per-module format versions a torch.save'd state dict carries (fi_jax's reader reads
+  # tensors only): those of the model itself, whose keys the file matched (MNASNet needs one)
+  tensors._metadata = m.state_dict()._metadata
+  m.load_state_dict(tensors, strict=True)
 
 
 def _head_from(torch, wrapper, source: str, width: int) -> tuple[np.ndarray, np.ndarray]:

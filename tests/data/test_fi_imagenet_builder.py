@@ -195,7 +195,7 @@ def test_cli_build_then_tfds_load(tmp_path):
 
 @pytest.mark.parametrize("args,code,message", [
     (["build", "fi_imagenet", "--manual_dir=/x", "--data_dir=/tmp/x"], 2,
-     "Unknown dataset 'fi_imagenet'; this package builds: fi_imagenet_1k, imagenet2012, inaturalist_ood"),
+     "Unknown dataset 'fi_imagenet'; this package builds: fi_imagenet_1k, imagenet2012, imagenet_es, imagenet_o, inaturalist_ood"),
     (["build", "fi_imagenet_1k", "--manual_dir=/nonexistent/m", "--data_dir=/tmp/x"], 2,
      "Manual dir /nonexistent/m does not exist"),
     (["build", "fi_imagenet_1k", "--data_dir=/tmp/x"], 2, "fi_imagenet_1k needs --manual_dir"),

@@ -372,7 +372,9 @@ def test_block_layouts_and_the_unknown_layout_error():
 # ----------------------------------------------------------------------------- extraction
 
 def _tiny_vit():
-  model = vit.Model(3, patch_size=(2, 2), width=16, depth=2, mlp_dim=32, num_heads=2)
+  """A random tiny ViT with a random head (a zero head gives constant logits: MSP degenerate)."""
+  model = vit.Model(3, patch_size=(2, 2), width=16, depth=2, mlp_dim=32, num_heads=2,
+                    head_zeroinit=False)
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)))["params"]
   return model, params
 

@@ -87,9 +87,11 @@ def _rel(a, b):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ARCHS)
-def test_zoo_loads_a_torchax_model_equal_to_torch_eager(name, cache, tmp_path):
+def test_zoo_loads_a_torchax_model_equal_to_torch_eager(name, cache, tmp_path, monkeypatch):
   """resolve says "torchax"; from_pretrained admits the file (its record is in the cache) and
-  the outputs on a batch other than the probe equal torch eager within 1e-4."""
+  the outputs on a batch other than the probe equal torch eager within 1e-4. (Exported for
+  the CPU only here, to save time: the CPU/CUDA/TPU export is the sharded test's.)"""
+  monkeypatch.setattr(torchax_classifier, "EXPORT_PLATFORMS", ("cpu",))
   info = zoo.resolve(name)
   assert info["route"] == "torchax" and info["family"] == "torchax_classifier"
   ckpt, m = _checkpoint(info["name"], tmp_path / "ckpt")
@@ -192,5 +194,7 @@ def test_sharded_over_4_devices_and_without_torch_equal_one_device(cache, tmp_pa
   x = np.random.default_rng(2).standard_normal((10, SIZE, SIZE, 3)).astype(np.float32)
   want_logits, want_pre = _torch_outputs(m, "timm", x)
   assert _rel(one["logits"], want_logits) < 1e-4 and _rel(one["features"], want_pre) < 1e-4
-  exports = sorted(p.name for p in (cache / name.replace("/", "_")).glob("export-*.bin"))
-  assert exports == ["export-2x64x64-float32.bin", "export-8x64x64-float32.bin"]
+  exports = sorted((cache / name.replace("/", "_")).glob("export-*.bin"))
+  assert [p.name for p in exports] == ["export-2x64x64-float32.bin", "export-8x64x64-float32.bin"]
+  exported = jax.export.deserialize(bytearray(exports[1].read_bytes()))
+  assert exported.platforms == torchax_classifier.EXPORT_PLATFORMS == ("cpu", "cuda", "tpu")

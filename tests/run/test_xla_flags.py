@@ -84,7 +84,7 @@ def test_the_cli_turns_it_on_and_the_config_off():
   if xla_flags.accelerator_plugins():
     pytest.skip("an accelerator plugin is installed: the process is not CPU-only")
   code = ("import sys; from absl import flags; from fi_jax.run import cli; from fi_jax.run import benchmark as run; "
-          "run.run = lambda config, workdir: print(run.os.environ.get('XLA_FLAGS', '-')); "
+          "run.run = lambda config, workdir, **kw: print(run.os.environ.get('XLA_FLAGS', '-')); "
           "sys.argv = ['main.py', '--config=configs/demo.py:quick', '--workdir=/tmp/x'] + "
           "sys.argv[1:]; cli.main()")
   assert " ".join(_child(code)) == FAST
