@@ -155,7 +155,7 @@ def _cached_names(name: str) -> list[str]:
 
 def _timm_entry(timm, model: str, tag: str) -> dict[str, Any]:
   full = f"{model}.{tag}" if tag else model
-  if model not in timm.list_models(pretrained=False):
+  if not timm.is_model(model):
     raise ValueError(f"timm has no model {model!r}.")
   try:
     cfg = timm.models.get_pretrained_cfg(full)
