@@ -115,9 +115,11 @@ def names() -> list[str]:
   return list(table())
 
 
-def canonical_name(name: str) -> str:
+def canonical_name(name: str, close_matches: bool = True) -> str:
   """"torchvision/resnet50" -> "torchvision/resnet50.IMAGENET1K_V2" (the default weights);
-  a name with a tag is returned as is. Raises ValueError with close matches if unknown."""
+  a name with a tag is returned as is. Raises ValueError, with close matches if unknown
+  (`close_matches=False` leaves them out: they take a while over the whole table)."""
+  _close = _close_matches if close_matches else (lambda name: ".")
   source, slash, rest = name.partition("/")
   if not slash or source not in _DEFAULTS or not rest:
     raise ValueError(f"Checkpoint name {name!r} must be 'torchvision/<model>[.<weights>]', "
@@ -136,7 +138,7 @@ def canonical_name(name: str) -> str:
   return full
 
 
-def _close(name: str) -> str:
+def _close_matches(name: str) -> str:
   all_names = names()
   close = difflib.get_close_matches(name, all_names, n=8, cutoff=0.6)
   model = name.split("/")[-1].split(".")[0]
@@ -161,24 +163,33 @@ def resolve(name: str) -> dict[str, Any]:
   timm / torchvision ImageNet-1k classifier, which runs through torchax
   (`fi_jax.models.torchax_classifier`; needs the `torch` extra or that route's cache)."""
   try:
-    full = canonical_name(name)
-  except ValueError as native:
-    return _resolve_torchax(name, native)
+    full = canonical_name(name, close_matches=False)
+  except ValueError:
+    return _resolve_torchax(name)
   info = dict(table()[full], name=full, route="flax")
   info["mean"], info["std"] = _mean_std(info["pp"])
   info["model"] = dict(num_classes=info["num_classes"], variant=info["variant"])
   return info
 
 
-def _resolve_torchax(name: str, native: ValueError) -> dict[str, Any]:
-  """`resolve` of a name without a native port, through the torchax route."""
+def _resolve_torchax(name: str) -> dict[str, Any]:
+  """`resolve` of a name without a native port, through the torchax route; if that refuses
+  it too, the native error (with close matches) and the route's reason."""
   from fi_jax.models import torchax_classifier  # torch-side, and only for such names
+
+  def native() -> str:
+    try:
+      canonical_name(name)
+    except ValueError as e:
+      return str(e)
+    return ""
   try:
     entry = torchax_classifier.resolve(name)
   except ImportError as e:
-    raise ValueError(f"{native} Models without a native port run through torchax: {e}") from None
+    raise ValueError(f"{native()} Models without a native port run through torchax: {e}") \
+        from None
   except ValueError as e:
-    raise ValueError(f"{native} (Nor does the torchax route take it: {e})") from None
+    raise ValueError(f"{native()} (Nor does the torchax route take it: {e})") from None
   info = dict(entry, name=entry["variant"])
   info["mean"], info["std"] = _mean_std(info["pp"])
   info["model"] = dict(num_classes=info["num_classes"], variant=info["variant"])
