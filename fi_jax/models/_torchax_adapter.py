@@ -39,7 +39,7 @@ class _MissingOverload:
     return f"<overload {self.name} missing in this torch>"
 
   def __call__(self, *args, **kwargs):
-    raise NotImplementedError(f"{self.name} does not exist in this torch")
+    raise RuntimeError(f"{self.name} does not exist in this torch")
 
 
 @functools.lru_cache(maxsize=None)
