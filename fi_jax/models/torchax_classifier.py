@@ -42,6 +42,7 @@ from __future__ import annotations
 import collections
 import copy
 import datetime
+import functools
 import hashlib
 import io
 import json
@@ -442,6 +443,14 @@ class Model:
 # ----------------------------------------------------------------------------- loading
 
 def _sha256(path: str) -> str:
+  """The file's sha256, read once per (path, size, modification time)."""
+  st = os.stat(path)
+  return _sha256_of(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+  del size, mtime_ns   # the cache key: a changed file is hashed again
   h = hashlib.sha256()
   with open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 22), b""):
