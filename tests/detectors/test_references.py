@@ -21,6 +21,7 @@ import scipy.stats
 from fi_jax import detectors
 from fi_jax.detectors import knn as knn_lib
 from fi_jax.detectors import stats
+from tests.helpers import subprocess_env
 from tests.helpers.detector_reference import (
   EMPTY,
   N_FIT,
@@ -510,7 +511,7 @@ def test_knn_sharded_over_8_devices_equals_single(nonneg, tmp_path):
   data_path, out_path = tmp_path / "d.npz", tmp_path / "o.npz"
   np.savez(data_path, hf=fit.features, zf=fit.logits, yf=fit.labels, ht=test.features,
            zt=test.logits)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=subprocess_env.xla_flags(8),
              JAX_PLATFORMS="cpu", PYTHONPATH=os.getcwd())
   proc = subprocess.run([sys.executable, "-c", _SHARDED, str(data_path), str(out_path)],
                         env=env, capture_output=True, text=True, timeout=300)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fi_jax.evaluators import ood
+from tests.helpers import subprocess_env
 
 pytestmark = pytest.mark.slow   # a big_vision-style training script in a subprocess
 
@@ -21,7 +22,7 @@ KEYS = ("auroc", "fpr95", "fpr95_ood_positive")
 
 @pytest.fixture(scope="module")
 def seen():
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+  env = {**os.environ, "XLA_FLAGS": subprocess_env.xla_flags(8),
          "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT, "JAX_ENABLE_X64": "0"}
   proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "evaluators", "evaluator_bv_script.py")],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from fi_jax.metrics import device as metrics
+from tests.helpers import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEYS = ("auroc", "fpr95", "fpr95_ood_positive", "fpr95_ninco", "aupr_in", "aupr_out",
@@ -323,7 +324,7 @@ print(json.dumps(dict(sharded=a, single=b, same_table=same_table)))
 
 @pytest.mark.slow
 def test_sharded_over_8_devices_equals_single_device():
-  out = run_script(SHARDED, {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+  out = run_script(SHARDED, {"XLA_FLAGS": subprocess_env.xla_flags(8)})
   assert out["sharded"] == out["single"]
   assert out["same_table"]
   assert "auroc_macro" in out["sharded"] and "auroc_ci_low" in out["sharded"]
@@ -401,7 +402,8 @@ def test_two_processes_global_arrays_equal_local():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = str(s.getsockname()[1])
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2", "XLA_FLAGS": ""}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2",
+         "XLA_FLAGS": subprocess_env.xla_flags()}
   procs = [subprocess.Popen([sys.executable, "-c", MULTI_PROCESS, str(i), port], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(2)]

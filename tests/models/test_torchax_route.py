@@ -13,6 +13,7 @@ import pytest
 
 from fi_jax.models import _torchax_adapter, torchax_classifier, zoo
 from fi_jax.models._checkpoints import CheckpointError
+from tests.helpers import subprocess_env
 
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
@@ -170,7 +171,7 @@ print("OUT " + json.dumps({"devices": jax.device_count(), "route": info["route"]
 
 def _run(mode, devices, name, ckpt, cache):
   env = {**os.environ, "FI_JAX_TORCHAX_CACHE": str(cache), "PYTHONPATH": ROOT,
-         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+         "XLA_FLAGS": subprocess_env.xla_flags(devices)}
   res = subprocess.run([sys.executable, "-c", _SCRIPT, mode, name, ckpt, str(SIZE)], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=600)
   assert res.returncode == 0, res.stderr[-3000:]

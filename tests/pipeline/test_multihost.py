@@ -16,6 +16,7 @@ import pytest
 from fi_jax.extract import cache
 from fi_jax.extract import forward as extract
 from fi_jax.extract import own_features as features
+from tests.helpers import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARGS = ["--config=configs/demo.py:quick", "--config.train.steps=30", "--config.batch_size=64",
@@ -175,7 +176,8 @@ def test_evaluator_every_process_gets_the_one_process_metrics():
   def launch(nproc, devices):
     port = _free_port()
     env = lambda i: {**_env(devices), "FI_NPROC": str(nproc), "FI_PID": str(i),
-                     "ADDR": f"127.0.0.1:{port}", "PYTHONPATH": ROOT}
+                     "ADDR": f"127.0.0.1:{port}", "PYTHONPATH": ROOT,
+                     "XLA_FLAGS": subprocess_env.xla_flags()}   # the CLI's, set by hand
     procs = [subprocess.Popen([sys.executable, "-c", _EVALUATOR], cwd=ROOT, env=env(i),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(nproc)]
