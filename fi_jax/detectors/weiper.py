@@ -3,9 +3,15 @@
 
 The head's class vectors are perturbed r times, w~_c = w_c + delta |w_c| n / |n|, n ~ N(0, I_D)
 drawn by numpy's `default_rng(seed)` (one [C, D] standard-normal draw per repeat, in order),
-W~ = [W~_1 .. W~_r] as float32 [D, r C] (the model's head dtype) and the bias repeated. The
-perturbed logits z~ = h W~ + b~ are computed in the compute dtype (float64 under x64): the KLD
-variant bins them, and a bin edge must not move with the matmul's rounding.
+W~ = [W~_1 .. W~_r] as float32 [D, r C] (the model's head dtype) and the bias repeated.
+
+`precision` (both detectors): "float32" (the default) computes as the official code does
+(mgranz/weiper @ 1c27a4f7458570f60091d9c581e7fad6e5e369d1, Weiper/OpenOOD/openood/
+postprocessors/weiper_kldiv/utils.py: torch's default float32 throughout): z~ = fl32(h W~ + b~),
+the MSPs, the bin edges (its linspace: lo + fl32(i / n_bins) (fl32(hi + 1e-8) - lo)), the
+histograms and the KLs in float32. "float64" computes z~ and everything after it in the compute
+dtype (float64 under x64) with float64 edges (np.linspace): no bin decision moves with a float32
+matmul's rounding.
 """
 from __future__ import annotations
 
@@ -47,6 +53,14 @@ def perturbed_head(w, b, *, repeats: int, delta: float, seed: int):
   return wt, np.tile(np.asarray(b, np.float32), repeats)
 
 
+PRECISIONS = ("float32", "float64")
+
+
+def work_dtype(precision: str):
+  """The dtype of z~ and what follows it: float32, or the compute dtype for "float64"."""
+  return jnp.float32 if precision == "float32" else cdtype()
+
+
 def _weiper_state(det, head) -> dict:
   """{wt, bt} on the device; inside `detectors.shared()` the same arrays for every detector
   with these (head, r, delta, seed): WeiPer recognises WeiPer+KLD's pass by them."""
@@ -62,23 +76,33 @@ def _weiper_state(det, head) -> dict:
 
 def _shared_score_key(hp) -> tuple:
   """The `shared` key (after wt and the features) of WeiPer's scores left by WeiPer+KLD."""
-  return ("weiper_score", int(hp["repeats"]), int(hp["block_rows"]))
+  return ("weiper_score", int(hp["repeats"]), int(hp["block_rows"]), hp["precision"])
 
 
 def _perturbed_logits(h, wt, bt, repeats: int):
-  """[B, r, C] perturbed logits; wt, bt in the compute dtype (converted once, outside the loop
-  over row blocks: XLA does not hoist a size-increasing convert out of a loop)."""
-  z = matmul(fc(h), wt) + bt
+  """[B, r, C] perturbed logits in wt's dtype; wt, bt already in it (converted once, outside the
+  loop over row blocks: XLA does not hoist a size-increasing convert out of a loop)."""
+  z = matmul(h.astype(wt.dtype), wt) + bt
   return z.reshape(h.shape[0], int(repeats), -1)
+
+
+def _log_msp(z):
+  """log max_c softmax(z)_c over the last axis, in z's dtype: float32 as the official code
+  (softmax's max = 1 / sum_c exp(z_c - z_max)); the accurate log1p form otherwise."""
+  if z.dtype == jnp.float32:
+    return -jnp.log(jnp.sum(jnp.exp(z - jnp.max(z, -1, keepdims=True)), -1))
+  return log_max_softmax(z)
 
 
 def _log_mean_msp(z):
   """log mean_r max_c softmax(z_r) from [B, r, C] (log-sum-exp of the per-repeat log-MSPs)."""
-  lm = log_max_softmax(z)
-  return jax.nn.logsumexp(lm, axis=-1) - jnp.log(z.shape[1])
+  lm = _log_msp(z)
+  return jax.nn.logsumexp(lm, axis=-1) - jnp.log(jnp.asarray(z.shape[1], z.dtype))
 
 
 def _validate_common(name, hp):
+  require(hp["precision"] in PRECISIONS,
+          f"{name}: precision must be one of {PRECISIONS}, got {hp['precision']!r}.")
   require(int(hp["repeats"]) >= 1, f"{name}: repeats must be >= 1.")
   require(0 < hp["delta"] < np.inf, f"{name}: delta must be a finite number > 0.")
   require(int(hp["block_rows"]) >= 1, f"{name}: block_rows must be >= 1.")
@@ -97,12 +121,14 @@ def _map_blocks(fn, x, block: int):
 class WeiPer(Detector):
   """WeiPer's perturbed-logit MSP: log mean_{i<=r} max_c softmax(z~_i)_c (the mean of the r
   perturbed MSPs, returned as its log). r = 100, delta = 2.1, seed = 0 (the official code's
-  defaults). No fit besides drawing W~ from the head. Registered after WeiPer+KLD: inside
+  defaults); precision "float32" as the official code (module docstring). No fit besides
+  drawing W~ from the head. Registered after WeiPer+KLD: inside
   `detectors.shared()` a suite scores that one first and WeiPer reuses its pass (the
   r C-column product is most of the cost of both)."""
   name, needs = "weiper", frozenset({"features", "head"})
-  defaults = {"repeats": 100, "delta": 2.1, "seed": 0, "block_rows": 256}
-  score_only = frozenset({"block_rows"})
+  defaults = {"repeats": 100, "delta": 2.1, "seed": 0, "block_rows": 256,
+              "precision": "float32"}
+  score_only = frozenset({"block_rows", "precision"})
 
   def __init__(self, **hparams):
     super().__init__(**hparams)
@@ -127,7 +153,8 @@ class WeiPer(Detector):
 
   def _score(self, state, features, done):
     del done   # None here (see __init__)
-    wt, bt, r = fc(state["wt"]), fc(state["bt"]), self.hparams["repeats"]
+    dt = work_dtype(self.hparams["precision"])
+    wt, bt, r = state["wt"].astype(dt), state["bt"].astype(dt), self.hparams["repeats"]
     return _map_blocks(lambda h: _log_mean_msp(_perturbed_logits(h, wt, bt, r)), features,
                        int(self.hparams["block_rows"]))
 
@@ -147,7 +174,8 @@ def smoothing_matrix(nbins: int, size: int) -> np.ndarray:
 
 
 def _histograms(x, edges):
-  """Per row: the fraction of x's entries in each [edges_i, edges_{i+1}) ([B, nbins]).
+  """Per row: the fraction of x's entries in each [edges_i, edges_{i+1}) ([B, nbins]), in the
+  edges' dtype.
 
   Long rows are counted in pairs: entries 2j and 2j + 1 of a row add one to cell
   (bin_2j, bin_2j+1) of a per-row (nb + 1)^2 table, and a bin's count is its row sum plus its
@@ -168,14 +196,27 @@ def _histograms(x, edges):
     cell = rows * (nb + 1) + idx
     cnt = jnp.zeros(n * (nb + 1), jnp.int32).at[cell.reshape(-1)].add(
         1, mode="promise_in_bounds").reshape(n, nb + 1)
-  return cnt[:, :nb].astype(cdtype()) / length
+  return cnt[:, :nb].astype(edges.dtype) / length
+
+
+def official_edges(lo, hi, nbins: int, dtype) -> np.ndarray:
+  """The bin edges [nbins + 1] from the fit minimum lo to the maximum hi + 1e-8: for float32 the
+  official code's linspace in float32 (lo + fl32(i / nbins) (fl32(hi + 1e-8) - lo), each step
+  rounded to float32), else np.linspace in float64."""
+  if np.dtype(dtype) != np.float32:
+    return np.linspace(float(lo), float(hi) + 1e-8, nbins + 1)
+  f = np.float32
+  lo, stop = f(lo), f(f(hi) + f(1e-8))
+  steps = np.arange(nbins + 1, dtype=f) / f(nbins)
+  return (lo + steps * (stop - lo)).astype(f)
 
 
 def _sym_kl(p_mean, q, smooth, eps):
-  """KL(p' || q') + KL(q' || p'), p' = normalise(p_mean + eps), q' = normalise(S q + eps)."""
-  p = p_mean + eps
+  """KL(p' || q') + KL(q' || p'), p' = normalise(p_mean + eps), q' = normalise(S q + eps), in
+  q's dtype."""
+  p = p_mean.astype(q.dtype) + eps
   p = p / jnp.sum(p)
-  qs = matmul(q, smooth.T) + eps
+  qs = matmul(q, smooth.T.astype(q.dtype)) + eps
   qs = qs / jnp.sum(qs, -1, keepdims=True)
   return jnp.sum((p - qs) * (jnp.log(p) - jnp.log(qs)), -1)
 
@@ -185,10 +226,12 @@ def _sym_kl(p_mean, q, smooth, eps):
 FIT_BLOCK_ROWS = 256
 
 
-@jax.jit
-def _minmax_chunk(h, wt, bt):
-  z = matmul(fc(h), fc(wt)) + fc(bt)
-  hh = fc(h)
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _minmax_chunk(h, wt, bt, dtype=None):
+  """[min h, max h, min z~, max z~] of a block, z~ in `dtype` (None: the compute dtype)."""
+  dt = cdtype() if dtype is None else dtype
+  hh = jnp.asarray(h).astype(dt)
+  z = matmul(hh, jnp.asarray(wt).astype(dt)) + jnp.asarray(bt).astype(dt)
   return jnp.stack([hh.min(), hh.max(), z.min(), z.max()])
 
 
@@ -248,25 +291,27 @@ def _fit_minmax(h, wt, bt) -> np.ndarray:
 @functools.partial(jax.jit, static_argnames=("nbins",))
 def _density_sums(h, n_valid, wt, bt, edges_h, edges_z, *, nbins: int):
   """Sums over the first n_valid rows of h (the rest: a block's padding) of the per-row
-  histograms of h and of z~."""
+  histograms of h and of z~ (z~ in the edges' dtype; the sums in the compute dtype)."""
   del nbins
-  z = matmul(fc(h), fc(wt)) + fc(bt)
-  valid = (jnp.arange(h.shape[0]) < n_valid).astype(cdtype())[:, None]
+  dt = edges_z.dtype
+  hh = h.astype(dt)
+  z = matmul(hh, wt.astype(dt)) + bt.astype(dt)
+  valid = (jnp.arange(h.shape[0]) < n_valid)[:, None]
   return {"n": jnp.asarray(n_valid, cdtype()),
-          "dens_h": jnp.sum(_histograms(fc(h), edges_h) * valid, 0),
-          "dens_z": jnp.sum(_histograms(z, edges_z) * valid, 0)}
+          "dens_h": jnp.sum(fc(jnp.where(valid, _histograms(hh, edges_h), 0)), 0),
+          "dens_z": jnp.sum(fc(jnp.where(valid, _histograms(z, edges_z), 0)), 0)}
 
 
 @functools.partial(jax.jit, static_argnames=("repeats", "block_rows"))
 def _kld_pass(h, wt, bt, edges_z, *, repeats: int, block_rows: int):
   """Per row, from one product with W~ (row blocks of `block_rows`): WeiPer's score
   log mean_r MSP(z~_r) (WeiPer's own expression), mean_r MSP(z~_r) and the fractions of the
-  r C entries of z~ in the bins of edges_z."""
-  wt, bt = fc(wt), fc(bt)   # converted once, outside the loop over row blocks
+  r C entries of z~ in the bins of edges_z; z~ in the edges' dtype."""
+  wt, bt = wt.astype(edges_z.dtype), bt.astype(edges_z.dtype)   # once, outside the block loop
 
   def block(hb):
     z = _perturbed_logits(hb, wt, bt, repeats)
-    return (_log_mean_msp(z), jnp.mean(jnp.exp(log_max_softmax(z)), -1),
+    return (_log_mean_msp(z), jnp.mean(jnp.exp(_log_msp(z)), -1),
             _histograms(z.reshape(hb.shape[0], -1), edges_z))
   return _map_blocks(block, h, block_rows)
 
@@ -281,12 +326,15 @@ class WeiPerKLD(Detector):
   + eps), eps = `epsilon` (h) / `epsilon_noise` (z~). The official code's defaults: r = 100,
   delta = 2.1, n_bins = 100, smoothing = smoothing_perturbed = 20, epsilon = 0.01,
   epsilon_noise = 0.025, lam1 = lam2 = 1. The fit (min / max, then the mean histograms, as the
-  official exact_minmax setup) reads the fit rows, or a seeded subset of `max_rows` rows."""
+  official exact_minmax setup) reads the fit rows, or a seeded subset of `max_rows` rows.
+  precision "float32" (the default) computes as the official code, "float64" in the compute
+  dtype (module docstring); the fit's histogram sums are accumulated in the compute dtype."""
   name, needs = "weiper_kld", frozenset({"features", "head"})
   fit_needs = frozenset({"features"})
   defaults = {"repeats": 100, "delta": 2.1, "seed": 0, "n_bins": 100, "smoothing": 20,
               "smoothing_perturbed": 20, "epsilon": 0.01, "epsilon_noise": 0.025,
-              "lambda_1": 1.0, "lambda_2": 1.0, "max_rows": 50_000, "block_rows": 256}
+              "lambda_1": 1.0, "lambda_2": 1.0, "max_rows": 50_000, "block_rows": 256,
+              "precision": "float32"}
   score_only = frozenset({"block_rows", "lambda_1", "lambda_2"})
 
   @classmethod
@@ -311,20 +359,26 @@ class WeiPerKLD(Detector):
       sample.add(start, chunk)
     h = sample.result()["features"]
     nb = int(hp["n_bins"])
-    mm = _fit_minmax(h, st["wt"], st["bt"])
-    edges_h = np.linspace(mm[0], mm[1] + 1e-8, nb + 1)
-    edges_z = np.linspace(mm[2], mm[3] + 1e-8, nb + 1)
-    cd = cdtype()
-    wt_c = fc(st["wt"])   # converted once for all blocks, like the bin edges
-    edges_h, edges_z = jnp.asarray(edges_h, cd), jnp.asarray(edges_z, cd)
+    dt = work_dtype(hp["precision"])
+    if dt == jnp.float32:   # one float32 pass, as the official code's exact_minmax setup
+      parts = np.stack([np.asarray(_minmax_chunk(_fit_block(h, i), st["wt"], st["bt"],
+                                                 dtype=jnp.float32))
+                        for i in range(0, len(h), FIT_BLOCK_ROWS)])
+      mm = np.array([parts[:, 0].min(), parts[:, 1].max(), parts[:, 2].min(), parts[:, 3].max()])
+    else:
+      mm = _fit_minmax(h, st["wt"], st["bt"])
+    edges_h = official_edges(mm[0], mm[1], nb, dt)
+    edges_z = official_edges(mm[2], mm[3], nb, dt)
+    wt_c = st["wt"].astype(dt)   # converted once for all blocks, like the bin edges
+    edges_h, edges_z = jnp.asarray(edges_h, dt), jnp.asarray(edges_z, dt)
     total = None
     for i in range(0, len(h), FIT_BLOCK_ROWS):
       total = stats.add_sums(total, _density_sums(
           _fit_block(h, i), min(FIT_BLOCK_ROWS, len(h) - i), wt_c, st["bt"], edges_h, edges_z,
           nbins=nb))
     return {**st, "edges_h": edges_h, "edges_z": edges_z,
-            "dens_h": jnp.asarray(total["dens_h"] / total["n"], cd),
-            "dens_z": jnp.asarray(total["dens_z"] / total["n"], cd)}
+            "dens_h": jnp.asarray(total["dens_h"] / total["n"], dt),
+            "dens_z": jnp.asarray(total["dens_z"] / total["n"], dt)}
 
   def _score_args(self, state, outputs):
     hp = self.hparams
@@ -336,10 +390,11 @@ class WeiPerKLD(Detector):
   def _score(self, state, features, msp, q_z):
     hp = self.hparams
     nb = int(hp["n_bins"])
-    s_h = jnp.asarray(smoothing_matrix(nb, int(hp["smoothing"])), cdtype())
-    s_z = jnp.asarray(smoothing_matrix(nb, int(hp["smoothing_perturbed"])), cdtype())
+    dt = state["edges_h"].dtype
+    s_h = jnp.asarray(smoothing_matrix(nb, int(hp["smoothing"])), dt)
+    s_z = jnp.asarray(smoothing_matrix(nb, int(hp["smoothing_perturbed"])), dt)
     kl_h = _map_blocks(
-        lambda h: _sym_kl(state["dens_h"], _histograms(fc(h), state["edges_h"]), s_h,
+        lambda h: _sym_kl(state["dens_h"], _histograms(h.astype(dt), state["edges_h"]), s_h,
                           float(hp["epsilon"])), features, int(hp["block_rows"]))
     kl_z = _sym_kl(state["dens_z"], q_z, s_z, float(hp["epsilon_noise"]))
     return -(kl_h + float(hp["lambda_1"]) * kl_z - float(hp["lambda_2"]) * msp)

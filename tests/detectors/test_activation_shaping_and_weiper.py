@@ -131,6 +131,55 @@ def ref_weiper_kld(fit, test, head, r, delta, seed, nbins=100, s1=20, s2=20, eps
   return -(kl_h + lam1 * kl_z - lam2 * ref_msp_mean(zt, r))
 
 
+# The official code's float32 arithmetic (mgranz/weiper @ 1c27a4f7458570f60091d9c581e7fad6e5e369d1,
+# Weiper/OpenOOD/openood/postprocessors/weiper_kldiv/utils.py; torch's default dtype): the
+# perturbed logits of float32 h and W~, its linspace for the edges, batch_histogram's fractions
+# (two outer bins, then divided by the total), UniformKernel, kldiv, the mean softmax maximum.
+F32 = np.float32
+
+
+def ref32_logits(h, head, r, delta, seed):
+  wt, bt = ref_perturbed(head, r, delta, seed)              # float32 values (the model dtype)
+  return np.asarray(h, F32) @ wt.T.astype(F32) + bt.astype(F32)
+
+
+def ref32_edges(lo, hi, nbins):
+  steps = np.arange(nbins + 1, dtype=F32) / F32(nbins)
+  lo, stop = F32(lo), F32(F32(hi) + F32(1e-8))
+  return lo + steps * (stop - lo)
+
+
+def ref32_density(x, edges):
+  full = np.concatenate([[-np.inf], edges, [np.inf]]).astype(F32)
+  dens = np.stack([((x >= full[i]) & (x < full[i + 1])).astype(F32).mean(1)
+                   for i in range(len(full) - 1)], 1)
+  return dens[:, 1:-1] / dens.sum(1, keepdims=True)
+
+
+def ref32_kl(p, q, size, eps):
+  q_ = ref_smooth(q, size).astype(F32) + F32(eps)
+  p_ = p + F32(eps)
+  p_, q_ = p_ / p_.sum(), q_ / q_.sum(1, keepdims=True)
+  return (p_ * (np.log(p_) - np.log(q_))).sum(1) + (q_ * (np.log(q_) - np.log(p_))).sum(1)
+
+
+def ref32_msp_mean(z, r):
+  zs = z.reshape(len(z), r, -1)
+  e = np.exp(zs - zs.max(-1, keepdims=True))
+  return (e / e.sum(-1, keepdims=True)).max(-1).mean(-1)
+
+
+def ref32_weiper_kld(fit, test, head, r, delta, seed, nbins=100, s1=20, s2=20, eps=0.01,
+                     eps_noise=0.025, lam1=1.0, lam2=1.0):
+  """(scores, the fit and test perturbed logits, their edges)."""
+  hf, ht = np.asarray(fit.features, F32), np.asarray(test.features, F32)
+  zf, zt = (ref32_logits(x, head, r, delta, seed) for x in (hf, ht))
+  eh, ez = ref32_edges(hf.min(), hf.max(), nbins), ref32_edges(zf.min(), zf.max(), nbins)
+  kl_h = ref32_kl(ref32_density(hf, eh).mean(0), ref32_density(ht, eh), s1, eps)
+  kl_z = ref32_kl(ref32_density(zf, ez).mean(0), ref32_density(zt, ez), s2, eps_noise)
+  return -(kl_h + F32(lam1) * kl_z - F32(lam2) * ref32_msp_mean(zt, r)), (zf, zt), ez
+
+
 # ----------------------------------------------------------------------------- equality
 
 def test_bats(data):
@@ -214,7 +263,7 @@ def test_weiper(data):
   for r, delta, seed in ((100, 2.1, 0), (7, 0.5, 3)):
     ref = np.log(ref_msp_mean(ref_weiper_logits(test.features, head, r, delta, seed), r))
     assert_scores(fit_score("weiper", fit, test, head, repeats=r, delta=delta, seed=seed,
-                            block_rows=64), ref, rtol=RTOL)
+                            block_rows=64, precision="float64"), ref, rtol=RTOL)
 
 
 @pytest.mark.slow
@@ -265,19 +314,68 @@ def test_perturbed_head_is_the_seeded_draw(data):
 @pytest.mark.slow
 def test_weiper_kld(data):
   fit, test, head = data
-  assert_scores(fit_score("weiper_kld", fit, test, head, repeats=10, block_rows=40),
+  assert_scores(fit_score("weiper_kld", fit, test, head, repeats=10, block_rows=40,
+                          precision="float64"),
                 ref_weiper_kld(fit, test, head, 10, 2.1, 0), rtol=RTOL)
   hp = dict(n_bins=30, smoothing=5, smoothing_perturbed=4, epsilon=0.02, epsilon_noise=0.01,
-            lambda_1=2.0, lambda_2=0.5)
+            lambda_1=2.0, lambda_2=0.5, precision="float64")
   got = fit_score("weiper_kld", fit, test, head, repeats=4, delta=1.0, seed=2, **hp)
   ref = ref_weiper_kld(fit, test, head, 4, 1.0, 2, nbins=30, s1=5, s2=4, eps=0.02,
                        eps_noise=0.01, lam1=2.0, lam2=0.5)
   assert_scores(got, ref, rtol=RTOL)
   # r C = 240 perturbed logits, 8 bins: Q_z is counted in pairs of entries (81 cells <= 120)
   got = fit_score("weiper_kld", fit, test, head, repeats=20, n_bins=8, smoothing=3,
-                  smoothing_perturbed=2)
+                  smoothing_perturbed=2, precision="float64")
   assert_scores(got, ref_weiper_kld(fit, test, head, 20, 2.1, 0, nbins=8, s1=3, s2=2),
                 rtol=RTOL)
+
+
+def assert_float32_scores(got, ref, rtol=1e-5):
+  """|got - ref| <= rtol max |ref| (float32 rounds scores near 0 to absolute, not relative,
+  accuracy: the log of a mean MSP of 0.9992 carries float32's ulp of 1) and the same ranking
+  where ref's gaps exceed that."""
+  got, ref = f64(got), f64(ref)
+  scale = np.abs(ref).max()
+  assert np.abs(got - ref).max() <= rtol * scale, np.abs(got - ref).max() / scale
+  order = np.argsort(ref, kind="stable")
+  clear = np.diff(ref[order]) > 2 * rtol * scale
+  assert (np.diff(got[order])[clear] > 0).all()
+
+
+def test_weiper_float32_equals_the_official_float32_arithmetic(data):
+  fit, test, head = data
+  ref = np.log(ref32_msp_mean(ref32_logits(test.features, head, 7, 0.5, 3), 7))
+  got = fit_score("weiper", fit, test, head, repeats=7, delta=0.5, seed=3, block_rows=64)
+  assert_float32_scores(got, ref)
+
+
+def test_weiper_kld_float32_equals_the_official_float32_arithmetic(data):
+  # the default precision: float32 as the official code; its edges are the official float32
+  # linspace of its float32 minimum and maximum. Two float32 matmuls (numpy's, XLA's) round
+  # differently: the extremes (so the edges) may differ by ulps and a perturbed logit may cross
+  # an edge; checked that none does here, so the scores must agree to float32 rounding.
+  # (The fixture's -1e4 bias of its never-predicted class is replaced: it would put a cluster
+  # of logits within ulps of the first edge.)
+  fit, test, head = data
+  head = detectors.Head(head.w, np.where(head.b < -1e3, np.float32(-3.0), head.b))
+  hp = dict(n_bins=30, smoothing=5, smoothing_perturbed=4, epsilon=0.02, epsilon_noise=0.01,
+            lambda_1=2.0, lambda_2=0.5)
+  det = detectors.build("weiper_kld", repeats=6, delta=1.0, seed=2, block_rows=40, **hp)
+  state = det.fit(fit, head)
+  ref, (zf, zt), ez = ref32_weiper_kld(fit, test, head, 6, 1.0, 2, nbins=30, s1=5, s2=4,
+                                       eps=0.02, eps_noise=0.01, lam1=2.0, lam2=0.5)
+  assert state["edges_z"].dtype == jnp.float32 and state["dens_z"].dtype == jnp.float32
+  ours_f, ours_t = (np.asarray(weiper._perturbed_logits(jnp.asarray(h), state["wt"], state["bt"],
+                                                        6)).reshape(len(h), -1)
+                    for h in (fit.features, test.features))
+  assert ours_f.dtype == np.float32
+  edges = np.asarray(state["edges_z"])
+  np.testing.assert_array_equal(edges, ref32_edges(ours_f.min(), ours_f.max(), 30))
+  np.testing.assert_allclose(edges, ez, rtol=0, atol=4 * np.spacing(np.abs(ez).max()))
+  for ours, z in ((ours_f, zf), (ours_t, zt)):    # the same bin for every entry
+    np.testing.assert_array_equal(np.searchsorted(edges, ours, "right"),
+                                  np.searchsorted(ez, z, "right"))
+  assert_float32_scores(np.asarray(det.score(state, test)), ref)
 
 
 def ref_bin_index(x, edges):
@@ -331,7 +429,7 @@ def test_weiper_kld_fit_in_row_blocks_equals_one_block(data, monkeypatch):
   # the fit runs in blocks of FIT_BLOCK_ROWS rows (bounded memory: [rows, r C] perturbed
   # logits per block); blocks of 37 rows (a shorter last block) give the one-block state
   fit, test, head = data
-  det = detectors.build("weiper_kld", repeats=5)
+  det = detectors.build("weiper_kld", repeats=5, precision="float64")
   monkeypatch.setattr(weiper, "FIT_BLOCK_ROWS", 10 ** 6)
   whole = det.fit(fit, head)
   monkeypatch.setattr(weiper, "FIT_BLOCK_ROWS", 37)
@@ -388,7 +486,8 @@ def test_weiper_kld_subsampled_fit_uses_the_seeded_rows(data):
   smp.add(0, fit)
   rows = smp.result()["rows"]
   sub = detectors.Outputs(fit.features[rows], fit.logits[rows], fit.labels[rows])
-  assert_scores(fit_score("weiper_kld", fit, test, head, repeats=3, max_rows=200),
+  assert_scores(fit_score("weiper_kld", fit, test, head, repeats=3, max_rows=200,
+                          precision="float64"),
                 ref_weiper_kld(sub, test, head, 3, 2.1, 0), rtol=RTOL)
 
 
@@ -400,6 +499,7 @@ def test_weiper_kld_subsampled_fit_uses_the_seeded_rows(data):
     ("line", {"p_w": 101.0}, "p_w"), ("line", {"p_a": -1.0}, "p_a"),
     ("line", {"clip": -1.0}, "clip"), ("line", {"clip_percentile": 120.0}, "clip_percentile"),
     ("weiper", {"repeats": 0}, "repeats"), ("weiper", {"delta": 0.0}, "delta"),
+    ("weiper", {"precision": "bfloat16"}, "precision"),
     ("weiper_kld", {"n_bins": 1}, "n_bins"), ("weiper_kld", {"smoothing": 200}, "smoothing"),
     ("weiper_kld", {"epsilon": 0.0}, "epsilon"), ("weiper_kld", {"lambda_1": -1.0}, "lambda_1"),
 ])
