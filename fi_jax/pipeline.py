@@ -564,6 +564,88 @@ def full_spectrum_rows(scores: Mapping[str, Mapping[str, np.ndarray]],
   return metric_rows(joined, sets, id_set=id_set, **kw)
 
 
+def logit_only(det) -> bool:
+  """Whether a detector is a function of the logits alone (MSP, MaxLogit, energy, GEN,
+  KL-Matching, TempScale, OpenMax): it scores from the logits only (`needs` = {"logits"}) and
+  fits, if at all, on the fit set's logits and labels. Such a detector is defined on any
+  subset of the classes: the logits restricted to the subset are a smaller classifier's."""
+  return (det.needs == frozenset({"logits"}) and not det.fit_inputs
+          and det.fit_needs <= frozenset({"logits", "labels"}))
+
+
+def restrict_to_classes(arrays: Mapping[str, np.ndarray], subset: np.ndarray, *,
+                        keep_rows: str = "all") -> Arrays:
+  """A set's arrays as the classifier restricted to `subset` (ascending label indices) sees
+  them: `logits[:, subset]`, labels as positions in `subset` (-1 for a label outside it).
+  keep_rows: "all", or "labelled" (only the rows whose label is in `subset`: the images of
+  those classes). Columns other than the logits, label and row-wise arrays are left as they
+  are; `_id` keeps the rows' own numbering."""
+  subset = np.asarray(subset, np.int64)
+  logits = np.asarray(arrays[columns_lib.LOGITS])
+  if subset.max() >= logits.shape[1]:
+    raise ValueError(f"class_subset holds label {int(subset.max())} but the logits have "
+                     f"{logits.shape[1]} classes.")
+  n = len(logits)
+  labels = np.asarray(arrays.get(columns_lib.LABEL, np.full(n, -1)), np.int64)
+  pos = np.clip(np.searchsorted(subset, labels), 0, len(subset) - 1)
+  new_labels = np.where((labels >= 0) & (subset[pos] == labels), pos, -1)
+  keep = np.ones(n, bool) if keep_rows == "all" else new_labels >= 0
+  out = {k: (np.asarray(v)[keep] if np.ndim(v) and len(v) == n else v)
+         for k, v in arrays.items()}
+  out[columns_lib.LOGITS] = logits[keep][:, subset]
+  if columns_lib.LABEL in arrays:
+    out[columns_lib.LABEL] = new_labels[keep]
+  out["_id"] = np.asarray(arrays.get("_id", np.arange(n, dtype=np.int64)))[keep]
+  return out
+
+
+def restricted_full_spectrum(dets: Mapping[str, Any], sets: Mapping[str, Arrays],
+                             head: Optional[detectors.Head], csid_sets: Sequence[str],
+                             subset: np.ndarray, *, id_set: str = "", log: Log = _no_log,
+                             **kw) -> dict:
+  """Full-spectrum rows in a class subset's label space (ImageNet-R / -A's 200 classes, as
+  their papers evaluate a 1000-class model; docs/metrics.md#class-subsets): the logit-only
+  detectors (`logit_only`) refitted and rescored on every set's logits restricted to `subset`
+  (`restrict_to_classes`): the fit set and the ID test set keep only their images of those
+  classes (for a classifier of these classes the others are not ID), the covariate-shifted ID
+  sets `csid_sets` and every OOD set keep all rows. The ID side is the restricted ID test set
+  followed by `csid_sets`, against each OOD set (`full_spectrum_rows`); `kw`: its metric
+  arguments. The head, if given, is restricted the same way (w[:, subset], b[subset]).
+
+  Returns {id_set, n_classes, csid_sets (names without "csid/"), n_id_test (ID test images
+  kept), accuracy (top-1 over the subset, pooled over the ID side), detectors (those scored),
+  failed ({detector: error}), rows}; with no ID test image of the subset, rows is empty and
+  `skipped` says why."""
+  subset = np.sort(np.asarray(subset, np.int64))
+  names = [s[len("csid/"):] if s.startswith("csid/") else s for s in csid_sets]
+  out = {"id_set": id_set, "n_classes": int(len(subset)), "csid_sets": names,
+         "detectors": [], "failed": {}, "rows": []}
+  chosen = {n: d for n, d in dets.items() if logit_only(d)}
+  restricted = {"id_fit": restrict_to_classes(sets["id_fit"], subset, keep_rows="labelled"),
+                "id_test": restrict_to_classes(sets["id_test"], subset, keep_rows="labelled")}
+  restricted.update({s: restrict_to_classes(sets[s], subset) for s in csid_sets})
+  restricted.update({s: restrict_to_classes(a, subset) for s, a in sets.items()
+                     if s.startswith("ood/")})
+  out["n_id_test"] = n_test = int(len(restricted["id_test"][columns_lib.LOGITS]))
+  out["accuracy"] = pooled_accuracy([restricted[s] for s in ("id_test", *csid_sets)])
+  if not n_test:
+    out["skipped"] = (f"the ID test set has no labelled image of the {len(subset)} classes "
+                      "(its labels are needed to keep the images of the subset)")
+    log(f"Full spectrum over {len(subset)} classes ({id_set}): skipped, {out['skipped']}.")
+    return out
+  if not chosen:
+    return out
+  if head is not None and head.w is not None:
+    head = detectors.Head(jnp.asarray(head.w)[:, subset], jnp.asarray(head.b)[subset],
+                          head.texts)
+  scores, errors = score_sets(chosen, restricted, head, keep_going=True)
+  log(f"Full spectrum over {len(subset)} classes ({id_set}): {len(scores)} logit-only "
+      f"detector(s) rescored" + (f", {len(errors)} failed" if errors else "") + ".")
+  out["detectors"], out["failed"] = list(scores), errors
+  out["rows"] = full_spectrum_rows(scores, restricted, list(csid_sets), id_set=id_set, **kw)
+  return out
+
+
 def id_accuracy(arrays: Mapping[str, np.ndarray],
                 class_subset: Optional[np.ndarray] = None) -> Optional[float]:
   """Top-1 accuracy of a set's logits; None when it has no ID labels.

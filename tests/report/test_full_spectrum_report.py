@@ -97,13 +97,18 @@ def test_a_run_on_feature_files_writes_standard_and_full_spectrum_rows(tmp_path)
                                    ("shift", 40, 0.4, True), ("far", 50, -0.5, False)):
     x = rng.normal(shift, 1.0, (n, 6))
     np.savez(feats / f"{name}.npz", features=x, logits=x[:, :4] * 2,
-             label=rng.integers(0, 4, n) if labelled else -np.ones(n, np.int64))
+             label=(rng.choice([0, 2], n) if name == "shift" else rng.integers(0, 4, n))
+             if labelled else -np.ones(n, np.int64))
   c = features.get_config(f"dir={feats},csid=shift,id_name=val")
   c.detectors = ("msp", "energy")
   c.report.plots = False
   c.compilation_cache_dir = ""
   assert list(c.ood) == ["far"] and list(c.csid) == ["shift"]
+  c.csid.shift.class_subset = [0, 2]   # restrict_logits by default: a restricted FS block too
   res = benchmark.run(c, str(tmp_path / "wd"), log=lambda m: None)
+  (block,) = res["full_spectrum"]["restricted"]
+  assert block["detectors"] == ["msp", "energy"] and block["rows"][0]["id_set"] == (
+      "val + shift | 2 classes of class_subset of shift")
   assert [(r["detector"], r["id_set"]) for r in res["rows"]] == [("msp", "val"), ("energy", "val")]
   fs = res["full_spectrum"]
   assert [r["id_set"] for r in fs["rows"]] == ["val + shift"] * 2
@@ -128,4 +133,74 @@ def test_validate_names_a_bad_class_subset(tmp_path):
   c.csid.imagenet_r = ml_collections.ConfigDict(dict(c.csid.imagenet_r, class_subset=[3, 3]))
   with pytest.raises(ValueError, match="config.csid.imagenet_r.class_subset: class_subset must "
                                        "be distinct"):
+    validate.validate_config(c, str(tmp_path))
+
+
+def test_a_class_subset_adds_restricted_full_spectrum_rows_to_every_report_file(tmp_path):
+  """A shifted set with `class_subset` (restrict_logits on by default) gets a second FS block:
+  the logit-only detectors on the subset's logits (pipeline.restricted_full_spectrum), carried
+  into results.json, .csv and .md and read back; `restrict_logits=False` leaves it out."""
+  from fi_jax import detectors, pipeline
+  config = common.base_config()
+  config.model_label = "m"
+  config.id_name = "val"
+  config.csid = ml_collections.ConfigDict({
+      "shift_b": dict(source="tfds", name="x"),
+      "shift_a": dict(source="tfds", name="y", class_subset=[1, 3])})
+  config.csid_order = ("shift_b", "shift_a")
+  config.ood = ml_collections.ConfigDict({"far": dict(source="tfds", name="z")})
+  specs = benchmark.config_specs(config)
+  rng = np.random.default_rng(0)
+  sets = {"id_fit": {**_arrays(rng, 40, 0), "features": rng.normal(size=(40, 3))},
+          "id_test": _arrays(rng, 60, 0), "csid/shift_b": _arrays(rng, 40, 0),
+          "csid/shift_a": {"logits": rng.normal(size=(30, 5)), "label": rng.choice([1, 3], 30)},
+          "ood/far": _arrays(rng, 50, 0, labelled=False)}
+  for s in sets:
+    sets[s].setdefault("features", rng.normal(size=(len(sets[s]["logits"]), 3)))
+  dets = {"msp": detectors.build("msp"), "knn": detectors.build("knn", k=2)}
+  scores = {"msp": {s: rng.normal(size=len(a["logits"])) for s, a in sets.items() if s != "id_fit"}}
+  fs = benchmark.full_spectrum(config, specs, sets, scores, dets, None, log=lambda m: None)
+  (block,) = fs["restricted"]
+  assert block["class_subset"] == "class_subset of shift_a" and block["n_classes"] == 2
+  assert block["id_set"] == "val + shift_a | 2 classes of class_subset of shift_a"
+  assert block["detectors"] == ["msp"]   # knn reads the features: not in this block
+  want = pipeline.restricted_full_spectrum(dets, sets, None, ["csid/shift_a"], np.array([1, 3]),
+                                           id_set=block["id_set"], model="m",
+                                           **benchmark.metric_kwargs(config))
+  assert [r["auroc"] for r in block["rows"]] == [r["auroc"] for r in want["rows"]]
+  assert block["rows"][0]["n_id"] == int(np.isin(sets["id_test"]["label"], [1, 3]).sum()) + 30
+
+  results = schema.make({"config": {"detectors": ["msp", "knn"]}}, 0.5, [], [], fs)
+  report.write(results, str(tmp_path))
+  back = schema.load(str(tmp_path))
+  assert back["full_spectrum"]["restricted"][0]["rows"][0]["id_set"] == block["id_set"]
+  assert [r["id_set"] for r in schema.full_spectrum_rows(back)] == [fs["id_set"], block["id_set"]]
+  with open(os.path.join(tmp_path, "results.csv")) as f:
+    assert [r["id_set"] for r in csv.DictReader(f)] == [fs["id_set"], block["id_set"]]
+  md = open(os.path.join(tmp_path, "results.md")).read()
+  assert ("### Full spectrum in the label space of 2 classes (class_subset of shift_a): ID = "
+          + block["id_set"]) in md
+  assert f"| {block['id_set']} | far |" in md
+
+  config.csid.shift_a.restrict_logits = False
+  specs = benchmark.config_specs(config)
+  assert "restricted" not in benchmark.full_spectrum(config, specs, sets, scores, dets, None)
+
+
+def test_imagenet_r_and_a_restrict_logits_by_default_and_validate_checks_it(tmp_path):
+  from fi_jax.run import validate
+  c = vit.get_config("csid=imagenet_v2+imagenet_r+imagenet_a")
+  assert c.csid.imagenet_r.restrict_logits and c.csid.imagenet_a.restrict_logits
+  assert "restrict_logits" not in c.csid.imagenet_v2
+  spec = dict(c.csid.imagenet_r)   # the option changes no cached extraction
+  assert (benchmark.set_path(c, "/w", "csid/imagenet_r", spec, [])
+          == benchmark.set_path(c, "/w", "csid/imagenet_r", {**spec, "restrict_logits": False}, []))
+  c.csid.imagenet_r = ml_collections.ConfigDict(dict(spec, restrict_logits="yes"))
+  with pytest.raises(ValueError, match="config.csid.imagenet_r.restrict_logits must be True or "
+                                       "False, got 'yes'"):
+    validate.validate_config(c, str(tmp_path))
+  c.csid.imagenet_r = ml_collections.ConfigDict(spec)
+  c.csid.imagenet_v2 = ml_collections.ConfigDict(dict(c.csid.imagenet_v2, restrict_logits=True))
+  with pytest.raises(ValueError, match="config.csid.imagenet_v2.restrict_logits is True but the "
+                                       "set names no class_subset"):
     validate.validate_config(c, str(tmp_path))
