@@ -22,7 +22,9 @@ import numpy as np
 from fi_jax import detectors
 from fi_jax.common import columns as columns_lib
 from fi_jax.common import distributed, progress
+from fi_jax.data import class_subsets
 from fi_jax.data import loader as data
+from fi_jax.data import specs as specs_lib
 from fi_jax.extract import cache
 from fi_jax.extract import forward as extract
 from fi_jax.extract import layer_columns as layer_lib
@@ -643,6 +645,50 @@ def restricted_full_spectrum(dets: Mapping[str, Any], sets: Mapping[str, Arrays]
       f"detector(s) rescored" + (f", {len(errors)} failed" if errors else "") + ".")
   out["detectors"], out["failed"] = list(scores), errors
   out["rows"] = full_spectrum_rows(scores, restricted, list(csid_sets), id_set=id_set, **kw)
+  return out
+
+
+def full_spectrum(specs: Mapping[str, Mapping], sets: Mapping[str, Arrays],
+                  scores: Mapping[str, Mapping[str, np.ndarray]], *, id_name: str = "id",
+                  dets: Optional[Mapping[str, Any]] = None,
+                  head: Optional[detectors.Head] = None, log: Log = _no_log,
+                  **kw) -> Optional[dict]:
+  """The full-spectrum part of a run's results (`report.schema.FullSpectrum`) when `specs`
+  has covariate-shifted ID sets ("csid/<name>"), else None: the FS rows
+  (`full_spectrum_rows`: every detector on all the logits, as OpenOOD), the top-1 accuracy
+  pooled over the ID test set and every shifted set (OpenOOD's csid_acc), each shifted set's
+  own accuracy (over its `class_subset`, e.g. ImageNet-R's 200 classes, where its spec names
+  one) and, with `dets`, `restricted`: per class subset of the shifted sets that restrict
+  their logits (`data.specs.restricts_logits`), the logit-only detectors' FS rows in that
+  subset's label space (`restricted_full_spectrum`). `kw`: `metric_rows`' arguments."""
+  csid = [s for s in specs if specs_lib.is_csid(s)]
+  if not csid:
+    return None
+  id_set = " + ".join([id_name] + [specs_lib.csid_name(s) for s in csid])
+  accuracy = {}
+  for s in csid:
+    subset = specs[s].get("class_subset")
+    accuracy[specs_lib.csid_name(s)] = id_accuracy(
+        sets[s], None if subset is None else class_subsets.subset_indices(subset))
+  out = {"id_set": id_set, "csid_sets": [specs_lib.csid_name(s) for s in csid],
+         "accuracy": pooled_accuracy([sets["id_test"]] + [sets[s] for s in csid]),
+         "csid_accuracy": accuracy,
+         "rows": full_spectrum_rows(scores, sets, csid, id_set=id_set, **kw)}
+  groups: dict = {}   # the subset's indices -> (its name, the shifted sets restricted to it)
+  for s in csid:
+    if dets is not None and specs_lib.restricts_logits(specs[s]):
+      subset = specs[s]["class_subset"]
+      key = tuple(class_subsets.subset_indices(subset).tolist())
+      name = subset if isinstance(subset, str) else f"class_subset of {specs_lib.csid_name(s)}"
+      groups.setdefault(key, (name, []))[1].append(s)
+  if groups:
+    out["restricted"] = []
+    for key, (name, members) in groups.items():
+      label = (f"{id_name} + " + " + ".join(specs_lib.csid_name(s) for s in members)
+               + f" | {len(key)} classes of {name}")
+      block = restricted_full_spectrum(dets, sets, head, members, np.asarray(key, np.int64),
+                                       id_set=label, log=log, **kw)
+      out["restricted"].append({"class_subset": name, **block})
   return out
 
 

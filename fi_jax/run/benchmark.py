@@ -26,14 +26,14 @@ import platform
 import sys
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
 
 from fi_jax import detectors, pipeline, report
 from fi_jax.common import distributed
-from fi_jax.data import class_subsets, id_labels, preprocess
+from fi_jax.data import id_labels, preprocess
 from fi_jax.data import loader as data
 from fi_jax.data import specs as specs_lib
 from fi_jax.extract import cache
@@ -513,54 +513,15 @@ def reannotated_id(config, specs: dict, sets: dict, log: Log) -> tuple[dict, dic
   return sets, meta
 
 
-def restricts_logits(spec: Mapping) -> bool:
-  """Whether a covariate-shifted ID set gets full-spectrum rows in its class subset's label
-  space: its spec's `restrict_logits`, by default True when it names a `class_subset`."""
-  return bool(spec.get("class_subset") is not None and spec.get("restrict_logits", True))
-
-
 def full_spectrum(config, specs: dict, sets: dict, scores: dict, dets: Optional[dict] = None,
                   head=None, log: Log = print) -> Optional[dict]:
   """The results' `full_spectrum` part (schema.FullSpectrum) when the config has
-  covariate-shifted ID sets (`config.csid`), else None: the FS metric rows
-  (`pipeline.full_spectrum_rows`, every detector on all the logits, as OpenOOD), the top-1
-  accuracy pooled over the ID test set and every shifted set (OpenOOD's csid_acc), each
-  shifted set's own accuracy (over its `class_subset`, e.g. ImageNet-R's 200 classes, where its
-  spec names one) and, with `dets`, `restricted`: per class subset of the shifted sets that
-  restrict their logits (`restricts_logits`), the logit-only detectors' FS rows in that
-  subset's label space (`pipeline.restricted_full_spectrum`)."""
-  csid = [s for s in specs if specs_lib.is_csid(s)]
-  if not csid:
-    return None
-  id_name = config.get("id_name", "id")
-  id_set = " + ".join([id_name] + [specs_lib.csid_name(s) for s in csid])
-  rows = pipeline.full_spectrum_rows(scores, sets, csid, model=model_label(config),
-                                     id_set=id_set, **metric_kwargs(config))
-  accuracy = {}
-  for s in csid:
-    subset = specs[s].get("class_subset")
-    accuracy[specs_lib.csid_name(s)] = pipeline.id_accuracy(
-        sets[s], None if subset is None else class_subsets.subset_indices(subset))
-  out = {"id_set": id_set, "csid_sets": [specs_lib.csid_name(s) for s in csid],
-         "accuracy": pipeline.pooled_accuracy([sets["id_test"]] + [sets[s] for s in csid]),
-         "csid_accuracy": accuracy, "rows": rows}
-  groups: dict = {}   # the subset's indices -> (its name, the shifted sets restricted to it)
-  for s in csid:
-    if dets is not None and restricts_logits(specs[s]):
-      subset = specs[s]["class_subset"]
-      key = tuple(class_subsets.subset_indices(subset).tolist())
-      name = subset if isinstance(subset, str) else f"class_subset of {specs_lib.csid_name(s)}"
-      groups.setdefault(key, (name, []))[1].append(s)
-  if groups:
-    out["restricted"] = []
-    for key, (name, members) in groups.items():
-      label = (f"{id_name} + " + " + ".join(specs_lib.csid_name(s) for s in members)
-               + f" | {len(key)} classes of {name}")
-      block = pipeline.restricted_full_spectrum(
-          dets, sets, head, members, np.asarray(key, np.int64), id_set=label, log=log,
-          model=model_label(config), **metric_kwargs(config))
-      out["restricted"].append({"class_subset": name, **block})
-  return out
+  covariate-shifted ID sets (`config.csid`), else None: `pipeline.full_spectrum` with the
+  config's ID set name, model label and metric settings (with `dets`, also the restricted
+  rows of the shifted sets with a class subset)."""
+  return pipeline.full_spectrum(specs, sets, scores, id_name=config.get("id_name", "id"),
+                                dets=dets, head=head, log=log, model=model_label(config),
+                                **metric_kwargs(config))
 
 
 def _publish_scores_alone(stage, hists, error: BaseException, workdir: str, log: Log) -> None:
