@@ -204,3 +204,43 @@ def test_imagenet_r_and_a_restrict_logits_by_default_and_validate_checks_it(tmp_
   with pytest.raises(ValueError, match="config.csid.imagenet_v2.restrict_logits is True but the "
                                        "set names no class_subset"):
     validate.validate_config(c, str(tmp_path))
+
+
+def _fs_results(label, auroc, restricted=True):
+  """A run's results with one standard row, one FS row and (optionally) one class-subset row."""
+  row = lambda id_set, a, n_id: {"model": label, "detector": "msp", "id_set": id_set,   # noqa: E731
+                                 "ood_set": "far", "auroc": a, "fpr95": 1 - a, "n_id": n_id,
+                                 "n_ood": 50}
+  fs = {"id_set": "val + r", "csid_sets": ["r"], "accuracy": 0.7, "csid_accuracy": {"r": 0.4},
+        "rows": [row("val + r", auroc - 0.1, 90)]}
+  if restricted:
+    fs["restricted"] = [{"class_subset": "imagenet_r", "id_set": "val + r | 200 classes of "
+                         "imagenet_r", "n_classes": 200, "csid_sets": ["r"], "n_id_test": 20,
+                         "accuracy": 0.8, "detectors": ["msp"], "failed": {},
+                         "rows": [row("val + r | 200 classes of imagenet_r", auroc - 0.05, 50)]}]
+  return schema.make({"model_label": label, "ood_sets": ["far"], "config": {}}, 0.75,
+                     [row("val", auroc, 60)], [], fs)
+
+
+def test_compare_carries_full_spectrum_rows_and_accuracies(tmp_path):
+  import importlib
+  compare = importlib.import_module("fi_jax.report.compare")   # the package exports the function
+  for name, auroc, restricted in (("a", 0.9, True), ("b", 0.8, False)):
+    report.write(_fs_results(name, auroc, restricted), str(tmp_path / name))
+  out = compare.compare([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "cmp"),
+                        log=lambda s: None)
+  assert [(r["model"], r["id_set"]) for r in out["rows"]] == [("a", "val"), ("b", "val")]
+  fs = out["full_spectrum"]
+  assert [(r["model"], r["id_set"], r["auroc"]) for r in fs["rows"]] == [
+      ("a", "val + r", pytest.approx(0.8)), ("b", "val + r", pytest.approx(0.7)),
+      ("a", "val + r | 200 classes of imagenet_r", pytest.approx(0.85))]
+  assert fs["accuracy"]["a"] == {"id_set": "val + r", "accuracy": 0.7, "csid_accuracy": {"r": 0.4},
+                                 "restricted": {"val + r | 200 classes of imagenet_r": 0.8}}
+  assert fs["accuracy"]["b"]["restricted"] == {}
+  with open(tmp_path / "cmp" / "compare.csv") as f:
+    assert [r["id_set"] for r in csv.DictReader(f)] == ["val", "val", "val + r", "val + r",
+                                                         "val + r | 200 classes of imagenet_r"]
+  md = (tmp_path / "cmp" / "compare.md").read_text()
+  assert "## Full spectrum (OpenOOD v1.5 FS)" in md
+  assert "| a | msp | val + r | 80.00 | 20.00 |" in md
+  assert "| a | val + r | 70.00 | r 40.00 |" in md
