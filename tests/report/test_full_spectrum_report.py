@@ -244,3 +244,26 @@ def test_compare_carries_full_spectrum_rows_and_accuracies(tmp_path):
   assert "## Full spectrum (OpenOOD v1.5 FS)" in md
   assert "| a | msp | val + r | 80.00 | 20.00 |" in md
   assert "| a | val + r | 70.00 | r 40.00 |" in md
+
+
+def test_leaderboard_carries_full_spectrum_pairs_and_accuracies(tmp_path):
+  from fi_jax.report import leaderboard
+  for name, auroc, restricted in (("a", 0.9, True), ("b", 0.8, False)):
+    report.write(_fs_results(name, auroc, restricted), str(tmp_path / name))
+  board = leaderboard.build(str(tmp_path), hardness=("far", "far"), n_bootstrap=0)
+  fs = board["full_spectrum"]
+  assert list(fs) == ["val + r", "val + r | 200 classes of imagenet_r"]
+  best = fs["val + r"]["per_set"]["far"]
+  assert best["n_pairs"] == 2 and best["best_fpr95"]["model"] == "a"
+  assert best["min_fpr95"] == pytest.approx(0.2)   # 1 - (0.9 - 0.1)
+  assert fs["val + r | 200 classes of imagenet_r"]["per_set"]["far"]["n_pairs"] == 1
+  (a,) = [e for e in board["models"] if e["model"] == "a"]
+  assert a["full_spectrum"] == {"id_set": "val + r", "accuracy": 0.7, "csid_accuracy": {"r": 0.4},
+                                "restricted": {"val + r | 200 classes of imagenet_r": 0.8}}
+  md = leaderboard.markdown(board)
+  assert "## Full spectrum: ID = val + r | 200 classes of imagenet_r" in md
+  assert "| a | val + r | 70.00 | r 40.00 |" in md
+  lines = leaderboard.csv_text(board).splitlines()
+  assert lines[0].endswith(",id_set") and len(lines) == 1 + 2 + 2 + 1
+  assert lines[-1].startswith("far,1,a,msp,") and lines[-1].endswith(
+      ",val + r | 200 classes of imagenet_r")
