@@ -578,10 +578,11 @@ def logit_only(det) -> bool:
 def restrict_to_classes(arrays: Mapping[str, np.ndarray], subset: np.ndarray, *,
                         keep_rows: str = "all") -> Arrays:
   """A set's arrays as the classifier restricted to `subset` (ascending label indices) sees
-  them: `logits[:, subset]`, labels as positions in `subset` (-1 for a label outside it).
-  keep_rows: "all", or "labelled" (only the rows whose label is in `subset`: the images of
-  those classes). Columns other than the logits, label and row-wise arrays are left as they
-  are; `_id` keeps the rows' own numbering."""
+  them, for the logit-only detectors (`logit_only`): `logits[:, subset]`, `label` as positions
+  in `subset` (-1 for a label outside it), `group`, `_id` (the rows' own numbering) and
+  zero-width `features` [n, 0] (never read by those detectors; the set's features are not
+  copied). keep_rows: "all", or "labelled" (only the rows whose label is in `subset`: the
+  images of those classes)."""
   subset = np.asarray(subset, np.int64)
   logits = np.asarray(arrays[columns_lib.LOGITS])
   if subset.max() >= logits.shape[1]:
@@ -592,12 +593,13 @@ def restrict_to_classes(arrays: Mapping[str, np.ndarray], subset: np.ndarray, *,
   pos = np.clip(np.searchsorted(subset, labels), 0, len(subset) - 1)
   new_labels = np.where((labels >= 0) & (subset[pos] == labels), pos, -1)
   keep = np.ones(n, bool) if keep_rows == "all" else new_labels >= 0
-  out = {k: (np.asarray(v)[keep] if np.ndim(v) and len(v) == n else v)
-         for k, v in arrays.items()}
-  out[columns_lib.LOGITS] = logits[keep][:, subset]
+  out = {columns_lib.LOGITS: logits[keep][:, subset],
+         columns_lib.FEATURES: np.zeros((int(keep.sum()), 0), np.float32),
+         "_id": np.asarray(arrays.get("_id", np.arange(n, dtype=np.int64)))[keep]}
   if columns_lib.LABEL in arrays:
     out[columns_lib.LABEL] = new_labels[keep]
-  out["_id"] = np.asarray(arrays.get("_id", np.arange(n, dtype=np.int64)))[keep]
+  if columns_lib.GROUP in arrays:
+    out[columns_lib.GROUP] = np.asarray(arrays[columns_lib.GROUP])[keep]
   return out
 
 
