@@ -42,6 +42,7 @@ def test_evaluator_under_disallowed_transfers():
   assert got["rest/msp/auroc"] == pytest.approx(ref, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_evaluator_reports_full_spectrum_values_with_csid_sets():
   """csid= adds OpenOOD's full-spectrum values (ID side = ID test + shifted set), the pooled and
   per-set accuracy and, for a shifted set with a class_subset, the rows in that subset's label

@@ -120,6 +120,7 @@ def _log_msp(z):
   return -np.log(np.exp(z).sum(1))
 
 
+@pytest.mark.slow
 def test_restricted_full_spectrum_scores_the_subsets_logits():
   """ImageNet-R / -A rows in the 200-class label space: MSP and energy on logits[:, subset] of
   every set; the fit and ID test sets keep their images of the subset's classes, the shifted
