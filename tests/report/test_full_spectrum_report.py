@@ -267,3 +267,13 @@ def test_leaderboard_carries_full_spectrum_pairs_and_accuracies(tmp_path):
   assert lines[0].endswith(",id_set") and len(lines) == 1 + 2 + 2 + 1
   assert lines[-1].startswith("far,1,a,msp,") and lines[-1].endswith(
       ",val + r | 200 classes of imagenet_r")
+
+
+def test_a_sweep_passes_csid_to_every_model_config():
+  from configs import sweep
+  from fi_jax.run import sweep as sweep_run
+  c = sweep.get_config("paper,random_init=True,csid=imagenet_v2+imagenet_r")
+  assert "csid" not in sweep.get_config("paper,random_init=True").args   # unchanged without
+  for entry in c.models[:2]:   # a zoo entry and a config-file entry
+    run = sweep_run.model_config(entry, c)
+    assert run.csid_order == ("imagenet_v2", "imagenet_r") and run.csid.imagenet_r.restrict_logits
