@@ -15,6 +15,10 @@ big_vision training", has the full block):
                             ood=dict(ninco=dict(name="fi_imagenet_1k", split="ood", label_key=None)),
                             detectors=("msp", "energy", "mds"))
 
+With `csid=dict(<name>=<set spec>, ...)` (covariate-shifted ID sets: ImageNet-V2, -R, ...; a
+spec may name a `class_subset`) `run()` also yields OpenOOD v1.5's full-spectrum values
+(`_full_spectrum`, docs/metrics.md#full-spectrum).
+
 What one evaluator keeps across `run()` calls (train.py calls `run` at every log step):
   * the compiled forward step: one `fi_jax.extract.Forward` per (mesh, input scorers), whose
     jitted step compiles once per input shape;
