@@ -593,7 +593,8 @@ def restrict_to_classes(arrays: Mapping[str, np.ndarray], subset: np.ndarray, *,
   pos = np.clip(np.searchsorted(subset, labels), 0, len(subset) - 1)
   new_labels = np.where((labels >= 0) & (subset[pos] == labels), pos, -1)
   keep = np.ones(n, bool) if keep_rows == "all" else new_labels >= 0
-  out = {columns_lib.LOGITS: logits[keep][:, subset],
+  rows = np.flatnonzero(keep)
+  out = {columns_lib.LOGITS: logits[rows[:, None], subset[None, :]],   # one gather, no copy of all columns
          columns_lib.FEATURES: np.zeros((int(keep.sum()), 0), np.float32),
          "_id": np.asarray(arrays.get("_id", np.arange(n, dtype=np.int64)))[keep]}
   if columns_lib.LABEL in arrays:
@@ -625,7 +626,10 @@ def restricted_full_spectrum(dets: Mapping[str, Any], sets: Mapping[str, Arrays]
   out = {"id_set": id_set, "n_classes": int(len(subset)), "csid_sets": names,
          "detectors": [], "failed": {}, "rows": []}
   chosen = {n: d for n, d in dets.items() if logit_only(d)}
-  restricted = {"id_fit": restrict_to_classes(sets["id_fit"], subset, keep_rows="labelled"),
+  fit = sets["id_fit"]
+  if not any(fits_on_fit_set(d) for d in chosen.values()):   # MSP, energy, ...: not read
+    fit = {k: np.asarray(v)[:2] for k, v in fit.items()}
+  restricted = {"id_fit": restrict_to_classes(fit, subset, keep_rows="labelled"),
                 "id_test": restrict_to_classes(sets["id_test"], subset, keep_rows="labelled")}
   restricted.update({s: restrict_to_classes(sets[s], subset) for s in csid_sets})
   restricted.update({s: restrict_to_classes(a, subset) for s, a in sets.items()
