@@ -70,6 +70,20 @@ def test_full_spectrum_rows_pass_the_schema_check():
                                                    "id_set": "x", "ood_set": "o", "nope": 1}]}
   with pytest.raises(ValueError, match="nope"):
     schema.make({}, None, [], [], bad)
+  restricted = {"id_set": "x", "csid_sets": [], "rows": [],
+                "restricted": [{"id_set": "x | 2 classes", "rows": bad["rows"]}]}
+  with pytest.raises(ValueError, match="nope"):   # the class-subset rows are checked too
+    schema.make({}, None, [], [], restricted)
+
+
+def test_a_malformed_restricted_block_is_named_by_load(tmp_path):
+  import json
+  res = schema.jsonable(_fs_results("a", 0.9))
+  res["full_spectrum"]["restricted"] = [{"id_set": 3}]
+  (tmp_path / "results.json").write_text(json.dumps(res))
+  with pytest.raises(schema.ResultsError, match="'full_spectrum.restricted' is not a list of "
+                                                "objects with an 'id_set' and a 'rows' list"):
+    schema.load(str(tmp_path))
 
 
 def test_imagenet_configs_take_csid_sets():
