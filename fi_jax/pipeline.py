@@ -691,7 +691,7 @@ def full_spectrum(specs: Mapping[str, Mapping], sets: Mapping[str, Arrays],
     out["restricted"] = []
     for key, (name, members) in groups.items():
       label = (f"{id_name} + " + " + ".join(specs_lib.csid_name(s) for s in members)
-               + f" | {len(key)} classes of {name}")
+               + f" [{len(key)} classes of {name}]")
       block = restricted_full_spectrum(dets, sets, head, members, np.asarray(key, np.int64),
                                        id_set=label, log=log, **kw)
       out["restricted"].append({"class_subset": name, **block})

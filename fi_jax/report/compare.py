@@ -343,7 +343,7 @@ def _full_spectrum_part(runs: Sequence[Run], sets: Sequence[str], where: str, ke
                      or "-") + " |")
     alines += [f"| {run.name} | {k} | {pct(v)} | - |" for k, v in restricted.items()]
   text = ("\n\n## Full spectrum (OpenOOD v1.5 FS)\n\nThe covariate-shifted ID sets join the ID "
-          "side (column ID; rows in a class subset's label space name it after `|`). Sorted by "
+          "side (column ID; rows in a class subset's label space name it in brackets). Sorted by "
           f"FPR@95 on {where} within each ID side; AUROC / FPR@95 in percent.\n\n"
           + "\n".join(lines) + "\n\nID accuracy (percent; the shifted sets' own accuracy over "
           "their class subset where they have one):\n\n" + "\n".join(alines))

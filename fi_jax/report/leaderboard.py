@@ -425,7 +425,7 @@ def markdown(board: Mapping) -> str:
 
   for id_set, part in (board.get("full_spectrum") or {}).items():
     out += ["", f"## Full spectrum: ID = {id_set}", "",
-            "The covariate-shifted ID sets join the ID side (OpenOOD v1.5 FS; after `|`: the "
+            "The covariate-shifted ID sets join the ID side (OpenOOD v1.5 FS; in brackets: the "
             "rows in a class subset's label space).", "",
             "| OOD set | pairs | min FPR@95 [CI] | best pair by FPR@95 | max AUROC [CI] | best "
             "pair by AUROC |", "|---|---|---|---|---|---|"]

@@ -143,7 +143,7 @@ def test_restricted_full_spectrum_scores_the_subsets_logits():
   dets = {n: detectors.build(n) for n in ("msp", "energy", "vim")}
   head = detectors.Head(rng.normal(size=(d, c)), rng.normal(size=c))
   out = pipeline.restricted_full_spectrum(dets, sets, head, ["csid/r"], subset,
-                                          id_set="id + r | 4 classes", model="m")
+                                          id_set="id + r [4 classes]", model="m")
   in_subset = np.isin(sets["id_test"]["label"], subset)
   assert out["n_id_test"] == int(in_subset.sum()) and out["n_classes"] == 4
   assert out["csid_sets"] == ["r"] and out["detectors"] == ["msp", "energy"]   # not vim
@@ -153,7 +153,7 @@ def test_restricted_full_spectrum_scores_the_subsets_logits():
   for det, f in (("msp", _log_msp), ("energy", lambda z: logsumexp(z, axis=1))):
     (row,) = [r for r in out["rows"] if r["detector"] == det]
     fpr, auroc = openood_fs(f(z_id), [f(z_r)], f(z_ood))
-    assert row["id_set"] == "id + r | 4 classes" and row["n_id"] == len(z_id) + 50
+    assert row["id_set"] == "id + r [4 classes]" and row["n_id"] == len(z_id) + 50
     assert row["auroc"] == pytest.approx(auroc, abs=1e-12)
     assert row["fpr95_ood_positive"] == pytest.approx(fpr, abs=1e-12)
   # accuracy: argmax over the subset, pooled over the kept ID test images and the shifted set

@@ -71,7 +71,7 @@ def test_full_spectrum_rows_pass_the_schema_check():
   with pytest.raises(ValueError, match="nope"):
     schema.make({}, None, [], [], bad)
   restricted = {"id_set": "x", "csid_sets": [], "rows": [],
-                "restricted": [{"id_set": "x | 2 classes", "rows": bad["rows"]}]}
+                "restricted": [{"id_set": "x [2 classes]", "rows": bad["rows"]}]}
   with pytest.raises(ValueError, match="nope"):   # the class-subset rows are checked too
     schema.make({}, None, [], [], restricted)
 
@@ -122,7 +122,7 @@ def test_a_run_on_feature_files_writes_standard_and_full_spectrum_rows(tmp_path)
   res = benchmark.run(c, str(tmp_path / "wd"), log=lambda m: None)
   (block,) = res["full_spectrum"]["restricted"]
   assert block["detectors"] == ["msp", "energy"] and block["rows"][0]["id_set"] == (
-      "val + shift | 2 classes of class_subset of shift")
+      "val + shift [2 classes of class_subset of shift]")
   assert [(r["detector"], r["id_set"]) for r in res["rows"]] == [("msp", "val"), ("energy", "val")]
   fs = res["full_spectrum"]
   assert [r["id_set"] for r in fs["rows"]] == ["val + shift"] * 2
@@ -176,7 +176,7 @@ def test_a_class_subset_adds_restricted_full_spectrum_rows_to_every_report_file(
   fs = benchmark.full_spectrum(config, specs, sets, scores, dets, None, log=lambda m: None)
   (block,) = fs["restricted"]
   assert block["class_subset"] == "class_subset of shift_a" and block["n_classes"] == 2
-  assert block["id_set"] == "val + shift_a | 2 classes of class_subset of shift_a"
+  assert block["id_set"] == "val + shift_a [2 classes of class_subset of shift_a]"
   assert block["detectors"] == ["msp"]   # knn reads the features: not in this block
   want = pipeline.restricted_full_spectrum(dets, sets, None, ["csid/shift_a"], np.array([1, 3]),
                                            id_set=block["id_set"], model="m",
@@ -228,10 +228,10 @@ def _fs_results(label, auroc, restricted=True):
   fs = {"id_set": "val + r", "csid_sets": ["r"], "accuracy": 0.7, "csid_accuracy": {"r": 0.4},
         "rows": [row("val + r", auroc - 0.1, 90)]}
   if restricted:
-    fs["restricted"] = [{"class_subset": "imagenet_r", "id_set": "val + r | 200 classes of "
-                         "imagenet_r", "n_classes": 200, "csid_sets": ["r"], "n_id_test": 20,
+    fs["restricted"] = [{"class_subset": "imagenet_r", "id_set": "val + r [200 classes of "
+                         "imagenet_r]", "n_classes": 200, "csid_sets": ["r"], "n_id_test": 20,
                          "accuracy": 0.8, "detectors": ["msp"], "failed": {},
-                         "rows": [row("val + r | 200 classes of imagenet_r", auroc - 0.05, 50)]}]
+                         "rows": [row("val + r [200 classes of imagenet_r]", auroc - 0.05, 50)]}]
   return schema.make({"model_label": label, "ood_sets": ["far"], "config": {}}, 0.75,
                      [row("val", auroc, 60)], [], fs)
 
@@ -247,13 +247,13 @@ def test_compare_carries_full_spectrum_rows_and_accuracies(tmp_path):
   fs = out["full_spectrum"]
   assert [(r["model"], r["id_set"], r["auroc"]) for r in fs["rows"]] == [
       ("a", "val + r", pytest.approx(0.8)), ("b", "val + r", pytest.approx(0.7)),
-      ("a", "val + r | 200 classes of imagenet_r", pytest.approx(0.85))]
+      ("a", "val + r [200 classes of imagenet_r]", pytest.approx(0.85))]
   assert fs["accuracy"]["a"] == {"id_set": "val + r", "accuracy": 0.7, "csid_accuracy": {"r": 0.4},
-                                 "restricted": {"val + r | 200 classes of imagenet_r": 0.8}}
+                                 "restricted": {"val + r [200 classes of imagenet_r]": 0.8}}
   assert fs["accuracy"]["b"]["restricted"] == {}
   with open(tmp_path / "cmp" / "compare.csv") as f:
     assert [r["id_set"] for r in csv.DictReader(f)] == ["val", "val", "val + r", "val + r",
-                                                         "val + r | 200 classes of imagenet_r"]
+                                                         "val + r [200 classes of imagenet_r]"]
   md = (tmp_path / "cmp" / "compare.md").read_text()
   assert "## Full spectrum (OpenOOD v1.5 FS)" in md
   assert "| a | msp | val + r | 80.00 | 20.00 |" in md
@@ -266,21 +266,21 @@ def test_leaderboard_carries_full_spectrum_pairs_and_accuracies(tmp_path):
     report.write(_fs_results(name, auroc, restricted), str(tmp_path / name))
   board = leaderboard.build(str(tmp_path), hardness=("far", "far"), n_bootstrap=0)
   fs = board["full_spectrum"]
-  assert list(fs) == ["val + r", "val + r | 200 classes of imagenet_r"]
+  assert list(fs) == ["val + r", "val + r [200 classes of imagenet_r]"]
   best = fs["val + r"]["per_set"]["far"]
   assert best["n_pairs"] == 2 and best["best_fpr95"]["model"] == "a"
   assert best["min_fpr95"] == pytest.approx(0.2)   # 1 - (0.9 - 0.1)
-  assert fs["val + r | 200 classes of imagenet_r"]["per_set"]["far"]["n_pairs"] == 1
+  assert fs["val + r [200 classes of imagenet_r]"]["per_set"]["far"]["n_pairs"] == 1
   (a,) = [e for e in board["models"] if e["model"] == "a"]
   assert a["full_spectrum"] == {"id_set": "val + r", "accuracy": 0.7, "csid_accuracy": {"r": 0.4},
-                                "restricted": {"val + r | 200 classes of imagenet_r": 0.8}}
+                                "restricted": {"val + r [200 classes of imagenet_r]": 0.8}}
   md = leaderboard.markdown(board)
-  assert "## Full spectrum: ID = val + r | 200 classes of imagenet_r" in md
+  assert "## Full spectrum: ID = val + r [200 classes of imagenet_r]" in md
   assert "| a | val + r | 70.00 | r 40.00 |" in md
   lines = leaderboard.csv_text(board).splitlines()
   assert lines[0].endswith(",id_set") and len(lines) == 1 + 2 + 2 + 1
   assert lines[-1].startswith("far,1,a,msp,") and lines[-1].endswith(
-      ",val + r | 200 classes of imagenet_r")
+      ",val + r [200 classes of imagenet_r]")
 
 
 def test_a_sweep_passes_csid_to_every_model_config():
