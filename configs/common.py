@@ -142,8 +142,8 @@ def csid_spec(name: str, data_dir: str = "") -> dict:
     raise ValueError(f"Unknown covariate-shifted ID set {name!r}; known: {sorted(CSID_SETS)} "
                      "and imagenet_c_<corruption>_<severity 1-5> (e.g. imagenet_c_fog_3).")
   spec = dict(source="tfds", name=tfds_name, split=split, data_dir=data_dir, label_key="label")
-  if subset:
-    spec["class_subset"] = subset
+  if subset:   # restrict_logits: FS rows in the subset's label space (docs/metrics.md#class-subsets)
+    spec.update(class_subset=subset, restrict_logits=True)
   return spec
 
 

@@ -24,7 +24,8 @@ Arguments of paper / openood: `ckpt_dir` (every checkpoint file, see below), `da
 TFDS sets), `ood` ('+'-separated OOD sets), `fit_per_class`, `batch_size`, `odin`,
 `layer_detectors`, `preset` (as configs/common.py IMAGENET_ARGS), `n_bootstrap` (each run's
 metric CIs), `random_init` (no checkpoints: a dry run of the plumbing), `hardness` (two OOD
-sets 'A+B'), `board_bootstrap` (the leaderboard's paired bootstrap resamples). In `ckpt_dir`
+sets 'A+B'), `board_bootstrap` (the leaderboard's paired bootstrap resamples), `csid`
+('+'-separated covariate-shifted ID sets: every run's full-spectrum rows, and the leaderboard's). In `ckpt_dir`
 each checkpoint is the file name of its download URL; a Hugging Face file sits in a folder
 named after its repository (`deit3_base_patch16_224.fb_in1k/model.safetensors`);
 `checkpoint_files(ckpt_dir)` lists them with their URLs (docs/usage.md, "Reproducing a table").
@@ -141,7 +142,7 @@ def _imagenet(preset: str, arg) -> ml_collections.ConfigDict:
   c.args = (f"data_dir={arg.data_dir},ood={arg.ood},fit_per_class={arg.fit_per_class},"
             f"batch_size={arg.batch_size},odin={arg.odin},layer_detectors={arg.layer_detectors},"
             f"preset={arg.preset or ('openood' if preset == 'openood' else 'ninco')},"
-            f"random_init={arg.random_init}")
+            f"random_init={arg.random_init}" + (f",csid={arg.csid}" if arg.csid else ""))
   c.shared = ml_collections.ConfigDict(dict(
       metrics=dict(tpr=0.95, n_bootstrap=arg.n_bootstrap, per_group=True)))
   c.leaderboard.hardness = tuple(arg.hardness.split("+"))
@@ -234,4 +235,4 @@ def get_config(arg=None):
       rest, ckpt_dir=os.environ.get(releases.CHECKPOINT_DIR_ENV, "."), data_dir="",
       ood="+".join(common.OOD_SETS), fit_per_class=0, batch_size=256, odin=False,
       layer_detectors=False, preset="", n_bootstrap=1000, random_init=False,
-      hardness="fi_imagenet_1k+ninco", board_bootstrap=1000))
+      hardness="fi_imagenet_1k+ninco", board_bootstrap=1000, csid=""))

@@ -22,7 +22,9 @@ import numpy as np
 from fi_jax import detectors
 from fi_jax.common import columns as columns_lib
 from fi_jax.common import distributed, progress
+from fi_jax.data import class_subsets
 from fi_jax.data import loader as data
+from fi_jax.data import specs as specs_lib
 from fi_jax.extract import cache
 from fi_jax.extract import forward as extract
 from fi_jax.extract import layer_columns as layer_lib
@@ -562,6 +564,138 @@ def full_spectrum_rows(scores: Mapping[str, Mapping[str, np.ndarray]],
                      "id_test": np.concatenate([np.asarray(per_set[s])
                                                 for s in ("id_test", *csid_sets)])}
   return metric_rows(joined, sets, id_set=id_set, **kw)
+
+
+def logit_only(det) -> bool:
+  """Whether a detector is a function of the logits alone (MSP, MaxLogit, energy, GEN,
+  KL-Matching, TempScale, OpenMax): it scores from the logits only (`needs` = {"logits"}) and
+  fits, if at all, on the fit set's logits and labels. Such a detector is defined on any
+  subset of the classes: the logits restricted to the subset are a smaller classifier's."""
+  return (det.needs == frozenset({"logits"}) and not det.fit_inputs
+          and det.fit_needs <= frozenset({"logits", "labels"}))
+
+
+def restrict_to_classes(arrays: Mapping[str, np.ndarray], subset: np.ndarray, *,
+                        keep_rows: str = "all") -> Arrays:
+  """A set's arrays as the classifier restricted to `subset` (ascending label indices) sees
+  them, for the logit-only detectors (`logit_only`): `logits[:, subset]`, `label` as positions
+  in `subset` (-1 for a label outside it), `group`, `_id` (the rows' own numbering) and
+  zero-width `features` [n, 0] (never read by those detectors; the set's features are not
+  copied). keep_rows: "all", or "labelled" (only the rows whose label is in `subset`: the
+  images of those classes)."""
+  subset = np.asarray(subset, np.int64)
+  logits = np.asarray(arrays[columns_lib.LOGITS])
+  if subset.max() >= logits.shape[1]:
+    raise ValueError(f"class_subset holds label {int(subset.max())} but the logits have "
+                     f"{logits.shape[1]} classes.")
+  n = len(logits)
+  labels = np.asarray(arrays.get(columns_lib.LABEL, np.full(n, -1)), np.int64)
+  pos = np.clip(np.searchsorted(subset, labels), 0, len(subset) - 1)
+  new_labels = np.where((labels >= 0) & (subset[pos] == labels), pos, -1)
+  keep = np.ones(n, bool) if keep_rows == "all" else new_labels >= 0
+  rows = np.flatnonzero(keep)
+  out = {columns_lib.LOGITS: logits[rows[:, None], subset[None, :]],   # one gather, no copy of all columns
+         columns_lib.FEATURES: np.zeros((int(keep.sum()), 0), np.float32),
+         "_id": np.asarray(arrays.get("_id", np.arange(n, dtype=np.int64)))[keep]}
+  if columns_lib.LABEL in arrays:
+    out[columns_lib.LABEL] = new_labels[keep]
+  if columns_lib.GROUP in arrays:
+    out[columns_lib.GROUP] = np.asarray(arrays[columns_lib.GROUP])[keep]
+  return out
+
+
+def restricted_full_spectrum(dets: Mapping[str, Any], sets: Mapping[str, Arrays],
+                             head: Optional[detectors.Head], csid_sets: Sequence[str],
+                             subset: np.ndarray, *, id_set: str = "", log: Log = _no_log,
+                             **kw) -> dict:
+  """Full-spectrum rows in a class subset's label space (ImageNet-R / -A's 200 classes, as
+  their papers evaluate a 1000-class model; docs/metrics.md#class-subsets): the logit-only
+  detectors (`logit_only`) refitted and rescored on every set's logits restricted to `subset`
+  (`restrict_to_classes`): the fit set and the ID test set keep only their images of those
+  classes (for a classifier of these classes the others are not ID), the covariate-shifted ID
+  sets `csid_sets` and every OOD set keep all rows. The ID side is the restricted ID test set
+  followed by `csid_sets`, against each OOD set (`full_spectrum_rows`); `kw`: its metric
+  arguments. The head, if given, is restricted the same way (w[:, subset], b[subset]).
+
+  Returns {id_set, n_classes, csid_sets (names without "csid/"), n_id_test (ID test images
+  kept), accuracy (top-1 over the subset, pooled over the ID side), detectors (those scored),
+  failed ({detector: error}), rows}; with no ID test image of the subset, rows is empty and
+  `skipped` says why."""
+  subset = np.sort(np.asarray(subset, np.int64))
+  names = [s[len("csid/"):] if s.startswith("csid/") else s for s in csid_sets]
+  out = {"id_set": id_set, "n_classes": int(len(subset)), "csid_sets": names,
+         "detectors": [], "failed": {}, "rows": []}
+  chosen = {n: d for n, d in dets.items() if logit_only(d)}
+  fit = sets["id_fit"]
+  if not any(fits_on_fit_set(d) for d in chosen.values()):   # MSP, energy, ...: not read
+    fit = {k: np.asarray(v)[:2] for k, v in fit.items()}
+  restricted = {"id_fit": restrict_to_classes(fit, subset, keep_rows="labelled"),
+                "id_test": restrict_to_classes(sets["id_test"], subset, keep_rows="labelled")}
+  restricted.update({s: restrict_to_classes(sets[s], subset) for s in csid_sets})
+  restricted.update({s: restrict_to_classes(a, subset) for s, a in sets.items()
+                     if s.startswith("ood/")})
+  out["n_id_test"] = n_test = int(len(restricted["id_test"][columns_lib.LOGITS]))
+  out["accuracy"] = pooled_accuracy([restricted[s] for s in ("id_test", *csid_sets)])
+  if not n_test:
+    out["skipped"] = (f"the ID test set has no labelled image of the {len(subset)} classes "
+                      "(its labels are needed to keep the images of the subset)")
+    log(f"Full spectrum over {len(subset)} classes ({id_set}): skipped, {out['skipped']}.")
+    return out
+  if not chosen:
+    return out
+  if head is not None and head.w is not None:
+    head = detectors.Head(jnp.asarray(head.w)[:, subset], jnp.asarray(head.b)[subset],
+                          head.texts)
+  scores, errors = score_sets(chosen, restricted, head, keep_going=True)
+  log(f"Full spectrum over {len(subset)} classes ({id_set}): {len(scores)} logit-only "
+      f"detector(s) rescored" + (f", {len(errors)} failed" if errors else "") + ".")
+  out["detectors"], out["failed"] = list(scores), errors
+  out["rows"] = full_spectrum_rows(scores, restricted, list(csid_sets), id_set=id_set, **kw)
+  return out
+
+
+def full_spectrum(specs: Mapping[str, Mapping], sets: Mapping[str, Arrays],
+                  scores: Mapping[str, Mapping[str, np.ndarray]], *, id_name: str = "id",
+                  dets: Optional[Mapping[str, Any]] = None,
+                  head: Optional[detectors.Head] = None, log: Log = _no_log,
+                  **kw) -> Optional[dict]:
+  """The full-spectrum part of a run's results (`report.schema.FullSpectrum`) when `specs`
+  has covariate-shifted ID sets ("csid/<name>"), else None: the FS rows
+  (`full_spectrum_rows`: every detector on all the logits, as OpenOOD), the top-1 accuracy
+  pooled over the ID test set and every shifted set (OpenOOD's csid_acc), each shifted set's
+  own accuracy (over its `class_subset`, e.g. ImageNet-R's 200 classes, where its spec names
+  one) and, with `dets`, `restricted`: per class subset of the shifted sets that restrict
+  their logits (`data.specs.restricts_logits`), the logit-only detectors' FS rows in that
+  subset's label space (`restricted_full_spectrum`). `kw`: `metric_rows`' arguments."""
+  csid = [s for s in specs if specs_lib.is_csid(s)]
+  if not csid:
+    return None
+  id_set = " + ".join([id_name] + [specs_lib.csid_name(s) for s in csid])
+  accuracy = {}
+  for s in csid:
+    subset = specs[s].get("class_subset")
+    accuracy[specs_lib.csid_name(s)] = id_accuracy(
+        sets[s], None if subset is None else class_subsets.subset_indices(subset))
+  out = {"id_set": id_set, "csid_sets": [specs_lib.csid_name(s) for s in csid],
+         "accuracy": pooled_accuracy([sets["id_test"]] + [sets[s] for s in csid]),
+         "csid_accuracy": accuracy,
+         "rows": full_spectrum_rows(scores, sets, csid, id_set=id_set, **kw)}
+  groups: dict = {}   # the subset's indices -> (its name, the shifted sets restricted to it)
+  for s in csid:
+    if dets is not None and specs_lib.restricts_logits(specs[s]):
+      subset = specs[s]["class_subset"]
+      key = tuple(class_subsets.subset_indices(subset).tolist())
+      name = subset if isinstance(subset, str) else f"class_subset of {specs_lib.csid_name(s)}"
+      groups.setdefault(key, (name, []))[1].append(s)
+  if groups:
+    out["restricted"] = []
+    for key, (name, members) in groups.items():
+      label = (f"{id_name} + " + " + ".join(specs_lib.csid_name(s) for s in members)
+               + f" [{len(key)} classes of {name}]")
+      block = restricted_full_spectrum(dets, sets, head, members, np.asarray(key, np.int64),
+                                       id_set=label, log=log, **kw)
+      out["restricted"].append({"class_subset": name, **block})
+  return out
 
 
 def id_accuracy(arrays: Mapping[str, np.ndarray],

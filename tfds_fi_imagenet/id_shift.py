@@ -70,6 +70,40 @@ def sources(name: str) -> dict[str, str]:
   return {f: _MANUAL.get(f) or urls.get(f, "?") for f in files_of(name)}
 
 
+# imagenet2012_corrupted computes the corruptions with TFDS's corruption code, which imports
+# these at build time (tensorflow_datasets/image_classification/corruptions.py): OpenCV always
+# (the builder seeds cv2's RNG), scikit-image for some corruptions, and ImageMagick's `convert`
+# run as a binary named `imagemagick` for snow and motion_blur.
+_SKIMAGE_CORRUPTIONS = ("impulse_noise", "glass_blur", "brightness", "elastic_transform",
+                        "gaussian_blur", "saturate", "spatter")
+_IMAGEMAGICK_CORRUPTIONS = ("snow", "motion_blur")
+
+
+def _importable(module: str) -> bool:
+  if module in sys.modules:
+    return True
+  import importlib.util
+  return importlib.util.find_spec(module) is not None
+
+
+def missing_requirements(name: str) -> list[str]:
+  """What building TFDS dataset `name` needs besides its files and is not installed here:
+  for imagenet2012_corrupted/<corruption>_<severity>, "opencv-python (cv2)" always,
+  "scikit-image" for the corruptions that use it, and the `imagemagick` binary for snow and
+  motion_blur; [] for the other sets."""
+  import shutil
+  base, _, config = name.partition("/")
+  if base != "imagenet2012_corrupted":
+    return []
+  corruption = config.rsplit("_", 1)[0]
+  out = [] if _importable("cv2") else ["opencv-python (cv2)"]
+  if corruption in _SKIMAGE_CORRUPTIONS and not _importable("skimage"):
+    out.append("scikit-image")
+  if corruption in _IMAGEMAGICK_CORRUPTIONS and shutil.which("imagemagick") is None:
+    out.append("ImageMagick's convert as a binary named `imagemagick` on PATH")
+  return out
+
+
 def missing_files(name: str, manual_dir: str) -> list[str]:
   return [f for f in files_of(name) if not os.path.isfile(os.path.join(manual_dir, f))]
 
@@ -77,14 +111,22 @@ def missing_files(name: str, manual_dir: str) -> list[str]:
 def prepare(name: str, *, data_dir: str, manual_dir: str,
             download_dir: Optional[str] = None) -> tfds.core.DatasetBuilder:
   """Prepares TFDS dataset `name` into `data_dir` from the files in `manual_dir` (no network):
-  FileNotFoundError naming every missing file and its source first; a file whose size or
-  SHA-256 differs from TFDS's record is a ValueError naming it."""
+  FileNotFoundError naming every missing file and its source, then ModuleNotFoundError
+  naming what imagenet2012_corrupted needs and is not installed (`missing_requirements`); a
+  file whose size or SHA-256 differs from TFDS's record is a ValueError naming it."""
   missing = missing_files(name, manual_dir)
   if missing:
     where = sources(name)
     raise FileNotFoundError(
         f"{name} needs in --manual_dir={manual_dir}: " + "; ".join(
             f"{f} (from {where[f]})" for f in missing) + ".")
+  needs = missing_requirements(name)
+  if needs:
+    pip = [n.split()[0] for n in needs if "binary" not in n]
+    raise ModuleNotFoundError(f"{name} is computed by TFDS's corruption code, which needs "
+                              f"{', '.join(needs)}: install "
+                              + (f"it (pip install {' '.join(pip)})" if pip else "it")
+                              + " and prepare again.")
   builder = tfds.builder(name, data_dir=data_dir)
   config = tfds.download.DownloadConfig(manual_dir=manual_dir, try_download_gcs=False)
   try:
@@ -109,7 +151,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     prepare(args.name, data_dir=args.data_dir, manual_dir=args.manual_dir,
             download_dir=args.download_dir)
-  except FileNotFoundError as e:
+  except (FileNotFoundError, ModuleNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   except ValueError as e:

@@ -46,3 +46,10 @@ def csid_name(set_name: str) -> str:
 
 def is_csid(set_name: str) -> bool:
   return set_name.startswith(CSID_PREFIX)
+
+
+def restricts_logits(spec: Mapping) -> bool:
+  """Whether a covariate-shifted ID set also gets full-spectrum rows in its class subset's
+  label space (docs/metrics.md#class-subsets): its spec's `restrict_logits`, by default True
+  when it names a `class_subset`."""
+  return bool(spec.get("class_subset") is not None and spec.get("restrict_logits", True))

@@ -15,6 +15,10 @@ big_vision training", has the full block):
                             ood=dict(ninco=dict(name="fi_imagenet_1k", split="ood", label_key=None)),
                             detectors=("msp", "energy", "mds"))
 
+With `csid=dict(<name>=<set spec>, ...)` (covariate-shifted ID sets: ImageNet-V2, -R, ...; a
+spec may name a `class_subset`) `run()` also yields OpenOOD v1.5's full-spectrum values
+(`_full_spectrum`, docs/metrics.md#full-spectrum).
+
 What one evaluator keeps across `run()` calls (train.py calls `run` at every log step):
   * the compiled forward step: one `fi_jax.extract.Forward` per (mesh, input scorers), whose
     jitted step compiles once per input shape;
@@ -72,8 +76,8 @@ from jax.sharding import PartitionSpec as P
 from fi_jax import detectors as det_lib
 from fi_jax import pipeline
 from fi_jax.common import distributed
+from fi_jax.data import class_subsets, preprocess
 from fi_jax.data import loader as data
-from fi_jax.data import preprocess
 from fi_jax.data import specs as specs_lib
 from fi_jax.extract import forward as extract
 from fi_jax.models import zero_shot_head
@@ -141,7 +145,8 @@ class Evaluator:
                input_std: Sequence[float] = (0.5, 0.5, 0.5),
                metric_keys: Sequence[str] = ("auroc", "fpr95", "fpr95_ood_positive"),
                macro: bool = False, n_bootstrap: int = 0, seed: int = 0,
-               cache: str = "final_data", zero_shot: Optional[dict] = None, **kw):
+               cache: str = "final_data", zero_shot: Optional[dict] = None,
+               csid: Optional[dict] = None, **kw):
     unknown = sorted(set(kw) - set(IGNORED_KW))
     if unknown:
       raise TypeError(f"Unknown evaluator settings {unknown}; accepted besides the named "
@@ -166,7 +171,12 @@ class Evaluator:
     self.mesh = Mesh(np.asarray(self.devices), (distributed.DATA_AXIS,))
     self.pp = bv_pp(pp)
     self.sets = specs_lib.set_specs(_set_spec(id_fit), _set_spec(id_test),
-                                   {k: _set_spec(v) for k, v in ood.items()})
+                                   {k: _set_spec(v) for k, v in ood.items()},
+                                   csid={k: _set_spec(v) for k, v in (csid or {}).items()},
+                                   csid_order=tuple(csid or ()))
+    for name, spec in (csid or {}).items():   # a bad subset fails here, not after extraction
+      if spec.get("class_subset") is not None:
+        class_subsets.subset_indices(spec["class_subset"])
     self.detectors = det_lib.build_suite(detectors, detector_preset, detector_hparams)
     self.features_key, self.head_path = features_key, head_path
     self.tpr, self.metric_keys = tpr, tuple(metric_keys)
@@ -308,7 +318,8 @@ class Evaluator:
 
   def run(self, train_state) -> Iterator[tuple[str, float]]:
     """Yields ("<ood set>/<detector>/<metric>", value), ("id_accuracy", value) and
-    ("failed/<detector>" | "skipped/<detector>", 1.0)."""
+    ("failed/<detector>" | "skipped/<detector>", 1.0); with `csid` sets also the full-spectrum
+    values (`_full_spectrum`)."""
     params = train_state["params"]     # never the optimizer state
     mesh = _mesh_of(params)
     if mesh is None:                   # host or single-device params: replicated on `devices`
@@ -369,9 +380,41 @@ class Evaluator:
     for name in self.detectors:
       for item in results.get(name, []):
         yield item
+    if any(specs_lib.is_csid(s) for s in self.sets):
+      try:
+        yield from self._full_spectrum(
+            sets, {n: v for n, v in scores.items() if n not in errors}, usable, jhead)
+      except Exception as e:  # must not sink training either
+        _log.warning("fi_ood: full-spectrum metrics failed: %s: %s", type(e).__name__, e)
+        yield "failed/full_spectrum", 1.0
     for name, why in skipped.items():
       _log.warning("fi_ood: detector %s skipped: %s", name, why)
       yield f"skipped/{name}", 1.0
     for name, why in errors.items():
       _log.warning("fi_ood: detector %s failed: %s", name, why)
       yield f"failed/{name}", 1.0
+
+  def _full_spectrum(self, sets, scores, dets, head) -> Iterator[tuple[str, float]]:
+    """OpenOOD v1.5's full-spectrum values when `csid` names covariate-shifted ID sets
+    (`pipeline.full_spectrum`, docs/metrics.md#full-spectrum):
+    ("fs/<ood set>/<detector>/<metric>", v) with the ID side = the ID test set plus every
+    shifted set, ("fs/id_accuracy", v) pooled over them, ("csid/<set>/accuracy", v) per shifted
+    set (over its `class_subset` where it names one), and for each class subset of sets that
+    restrict their logits (ImageNet-R / -A) ("fs_<subset>/<ood set>/<detector>/<metric>", v)
+    and ("fs_<subset>/id_accuracy", v) in that subset's label space."""
+    fs = pipeline.full_spectrum(self.sets, sets, scores, dets=dets, head=head, tpr=self.tpr,
+                                per_group=self.macro, n_bootstrap=self.n_bootstrap,
+                                seed=self.seed)
+    blocks = [("fs", fs)] + [(f"fs_{re.sub(r'[^A-Za-z0-9_]+', '_', b['class_subset'])}", b)
+                             for b in fs.get("restricted", [])]
+    for prefix, block in blocks:
+      if block.get("accuracy") is not None:
+        yield f"{prefix}/id_accuracy", float(block["accuracy"])
+      for r in block["rows"]:
+        for key in self.metric_keys:
+          for k in (key, f"{key}_macro", f"{key}_ci_low", f"{key}_ci_high"):
+            if k in r:
+              yield f"{prefix}/{r['ood_set']}/{r['detector']}/{k}", float(r[k])
+    for name, acc in fs["csid_accuracy"].items():
+      if acc is not None:
+        yield f"csid/{name}/accuracy", float(acc)

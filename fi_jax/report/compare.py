@@ -242,6 +242,8 @@ def compare(workdirs: Sequence[str], out: Optional[str] = None,
                          "workdir": run.workdir})
     lines.append("| " + " | ".join(cells) + " |")
   text = (f"Sorted by FPR@95 on {where}; AUROC / FPR@95 in percent.\n\n" + "\n".join(lines))
+  fs_text, fs_csv, fs_json = _full_spectrum_part(runs, sets, where, key_metric, sign)
+  text += fs_text
   shared = [r for r in runs if r.name != r.label]
   if shared:
     text = ("Runs with the same model label are told apart by their workdir: "
@@ -250,6 +252,8 @@ def compare(workdirs: Sequence[str], out: Optional[str] = None,
       "runs": list(workdirs), "rows": csv_rows,
       "run_names": [{"workdir": r.workdir, "model": r.name, "label": r.label,
                      "run_id": r.run_id or None} for r in runs]}
+  if fs_json:
+    result["full_spectrum"] = fs_json
   if pair:
     (ra, da), (rb, db), tests = paired_tests(runs, pair, sets, n_bootstrap=n_bootstrap,
                                              seed=seed)
@@ -277,7 +281,7 @@ def compare(workdirs: Sequence[str], out: Optional[str] = None,
     w = csv.DictWriter(f, fieldnames=["model", "detector", "id_set", "ood_set", "auroc",
                                       "fpr95", "n_id", "n_ood", "workdir"])
     w.writeheader()
-    w.writerows(schema.jsonable(csv_rows))
+    w.writerows(schema.jsonable(csv_rows + fs_csv))   # the FS rows: their id_set tells
   with open(os.path.join(out, "compare.json"), "w") as f:
     json.dump(schema.jsonable(result), f, indent=1)
   figures = plots.write_compare_figures(out, [(r.name, r.results) for r in runs], sets, where)
@@ -285,6 +289,65 @@ def compare(workdirs: Sequence[str], out: Optional[str] = None,
   log(f"Wrote {os.path.join(out, 'compare.md')} (+ .csv, .json, "
       f"{', '.join(os.path.basename(f) for f in figures)}).")
   return result
+
+
+def _full_spectrum_part(runs: Sequence[Run], sets: Sequence[str], where: str, key_metric: str,
+                        sign: int) -> tuple[str, list[dict], dict]:
+  """The full-spectrum rows of the runs that have them (`schema.full_spectrum_rows`: OpenOOD's
+  FS rows and the class-subset ones; docs/metrics.md#full-spectrum), as (a Markdown section:
+  one line per (run, detector, ID side) with AUROC / FPR@95 per OOD set, then the accuracies;
+  compare.csv rows, told apart from the standard ones by their id_set; compare.json's
+  `full_spectrum`: {"rows", "accuracy": {run name: {id_set, accuracy, csid_accuracy,
+  restricted: {id_set: accuracy}}}}). Empty when no run has FS rows."""
+  keys, by = [], {}
+  for i, run in enumerate(runs):
+    for row in schema.full_spectrum_rows(run.results):
+      keys.append((i, row["detector"], row["id_set"]))
+      by[(i, row["detector"], row["id_set"], row["ood_set"])] = row
+  if not keys:
+    return "", [], {}
+  keys = list(dict.fromkeys(keys))
+
+  def rank(k):
+    v = _number((by.get((*k, where)) or {}).get(key_metric))
+    return (k[2], 0, sign * v) if v is not None else (k[2], 1, 0)
+  keys.sort(key=rank)   # grouped by ID side, best first within it
+  head = ["model", "detector", "ID"] + [f"{s} {m}" for s in sets for m in ("AUROC", "FPR@95")]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  csv_rows = []
+  for i, det, id_set in keys:
+    run = runs[i]
+    cells = [run.name, det, id_set]
+    for s in sets:
+      r = by.get((i, det, id_set, s))
+      cells += [fmt(r, "auroc", True), fmt(r, "fpr95", True)] if r else ["-", "-"]
+      if r:
+        csv_rows.append({"model": run.name, "detector": det, "id_set": id_set, "ood_set": s,
+                         "auroc": r.get("auroc"), "fpr95": r.get("fpr95"),
+                         "n_id": r.get("n_id"), "n_ood": r.get("n_ood"),
+                         "workdir": run.workdir})
+    lines.append("| " + " | ".join(cells) + " |")
+  pct = lambda v: "-" if _number(v) is None else f"{100 * v:.2f}"   # noqa: E731
+  accuracy, alines = {}, ["| model | ID side | ID accuracy (pooled) | per shifted set |",
+                          "|---|---|---|---|"]
+  for run in runs:
+    fs = run.results.get("full_spectrum")
+    if not fs:
+      continue
+    restricted = {b["id_set"]: b.get("accuracy") for b in fs.get("restricted", [])}
+    accuracy[run.name] = {"id_set": fs.get("id_set"), "accuracy": fs.get("accuracy"),
+                          "csid_accuracy": dict(fs.get("csid_accuracy") or {}),
+                          "restricted": restricted}
+    alines.append(f"| {run.name} | {fs.get('id_set')} | {pct(fs.get('accuracy'))} | "
+                  + (", ".join(f"{k} {pct(v)}" for k, v in (fs.get("csid_accuracy") or {}).items())
+                     or "-") + " |")
+    alines += [f"| {run.name} | {k} | {pct(v)} | - |" for k, v in restricted.items()]
+  text = ("\n\n## Full spectrum (OpenOOD v1.5 FS)\n\nThe covariate-shifted ID sets join the ID "
+          "side (column ID; rows in a class subset's label space name it in brackets). Sorted by "
+          f"FPR@95 on {where} within each ID side; AUROC / FPR@95 in percent.\n\n"
+          + "\n".join(lines) + "\n\nID accuracy (percent; the shifted sets' own accuracy over "
+          "their class subset where they have one):\n\n" + "\n".join(alines))
+  return text, csv_rows, {"rows": csv_rows, "accuracy": accuracy}
 
 
 def paired_tests(runs: Sequence[Run], pair: Sequence[str], sets: Sequence[str], *,

@@ -145,13 +145,30 @@ def write(results: Mapping, workdir: str) -> None:
   results = {**results, "failed": failures(results),
              "rows": [_int_counts({k: v for k, v in r.items() if k != "per_class"})
                       for r in results["rows"]]}
+  def plain(rows):
+    return [_int_counts({k: v for k, v in r.items() if k != "per_class"}) for r in rows]
+  restricted_md = []
   if fs:
-    results["full_spectrum"] = {**fs, "rows": [_int_counts({k: v for k, v in r.items()
-                                                            if k != "per_class"})
-                                               for r in fs["rows"]]}
+    results["full_spectrum"] = {**fs, "rows": plain(fs["rows"])}
+    if "restricted" in fs:
+      results["full_spectrum"]["restricted"] = [{**b, "rows": plain(b.get("rows", []))}
+                                                for b in fs["restricted"]]
+    for b in fs.get("restricted", []):   # the logit-only detectors in a class subset's space
+      b_failed = [{"detector": k, "failed": v} for k, v in (b.get("failed") or {}).items()]
+      b_meta = {**fs_meta, "config": {**fs_meta.get("config", {}), "detectors": list(
+          b.get("detectors", [])) + [f["detector"] for f in b_failed]}}
+      b_md = (tables.table({**results, "meta": b_meta, "rows": b["rows"], "failed": b_failed,
+                            "id_accuracy": b.get("accuracy")})
+              if b.get("rows") else f"Not computed: {b.get('skipped', 'no logit-only detector')}.")
+      restricted_md.append(
+          f"\n### Full spectrum in the label space of {b.get('n_classes')} classes "
+          f"({b.get('class_subset')}): ID = {b['id_set']}\n\n"
+          f"The logit-only detectors on the logits of these classes only, for every set; the ID "
+          f"test set keeps its {b.get('n_id_test')} images of these classes "
+          "(docs/metrics.md#class-subsets).\n\n" + b_md + "\n")
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(schema.jsonable(results), f, indent=1)
-  rows = results["rows"] + (results["full_spectrum"]["rows"] if fs else [])
+  rows = results["rows"] + schema.full_spectrum_rows(results)
   fields = list(schema.KEY_COLUMNS)
   for r in rows:
     fields += [k for k in r if k not in fields]
@@ -183,6 +200,7 @@ def write(results: Mapping, workdir: str) -> None:
               "them. Accuracy of each: " + ", ".join(
                   f"{k} {'-' if v is None else f'{100 * v:.2f}%'}"
                   for k, v in fs.get("csid_accuracy", {}).items()) + ".\n\n" + fs_md + "\n")
+      f.write("".join(restricted_md))
     if per_class:
       f.write("\n" + per_class + "\n")
 

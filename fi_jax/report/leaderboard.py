@@ -33,6 +33,10 @@ their per-example scores (`files.load_scores`) are read. What each number is:
   first model's (ids, sizes) has no CI and is left out of the overall CI, with a note.
 * per model: status, ID accuracy, the best detector on the primary set (`primary`; default
   the hardness numerator when some model has it, else the first OOD set) and its FPR@95.
+* full spectrum (runs with covariate-shifted ID sets, docs/metrics.md#full-spectrum): per ID
+  side (a row's `id_set`: OpenOOD's FS union, or a class subset's label space) the best pairs
+  per OOD set as above, and per model the FS ID accuracy pooled and per shifted set. The
+  ranking and the hardness ratio use the standard rows only.
 
 The files hold no timings, dates or absolute paths, so two sweeps that computed the same runs
 (interrupted and resumed, sharded or not) write identical leaderboards.
@@ -56,7 +60,7 @@ DEFAULTS: dict[str, Any] = dict(hardness=("fi_imagenet_1k", "ninco"), detectors=
                                 n_bootstrap=1000, seed=0, ci=0.95, alpha=0.05, primary="")
 FILES = ("leaderboard.md", "leaderboard.csv", "leaderboard.json")
 CSV_FIELDS = ("ood_set", "rank", "model", "detector", "fpr95", "fpr95_ci_low", "fpr95_ci_high",
-              "auroc", "auroc_ci_low", "auroc_ci_high", "within_min_ci")
+              "auroc", "auroc_ci_low", "auroc_ci_high", "within_min_ci", "id_set")
 
 
 def settings_of(workdir: str, **overrides) -> dict[str, Any]:
@@ -113,7 +117,7 @@ def _best_per_set(sets, done, dets, rows) -> tuple[dict, list[dict]]:
         "n_within_ci": None if within is None else len(within), "within_ci": within}
     for i, (m, d, r) in enumerate(by_fpr):
       csv_rows.append({"ood_set": s, "rank": i + 1, "model": m, "detector": d,
-                       **{k: r.get(k) for k in CSV_FIELDS[4:-1]},
+                       **{k: r.get(k) for k in CSV_FIELDS[4:-2]}, "id_set": r.get("id_set"),
                        "within_min_ci": "" if within is None else f"{m}:{d}" in within})
   return per_set, csv_rows
 
@@ -293,13 +297,37 @@ def build(workdir: str, **overrides) -> dict[str, Any]:
              best_fpr95_ci_high=best[1].get("fpr95_ci_high") if best else None,
              n_rows=len(res["rows"]),
              failed_detectors=[f["detector"] for f in schema.failures(res)])
+    fs = res.get("full_spectrum")
+    if fs:   # the ID accuracy of the full-spectrum ID side and of each shifted set
+      e["full_spectrum"] = {"id_set": fs.get("id_set"), "accuracy": fs.get("accuracy"),
+                            "csid_accuracy": dict(fs.get("csid_accuracy") or {}),
+                            "restricted": {b["id_set"]: b.get("accuracy")
+                                           for b in fs.get("restricted", [])}}
+  fs_board = _full_spectrum(done, dets, runs)
   return schema.jsonable({
       "name": sweep.get("name", os.path.basename(os.path.abspath(workdir))),
       "settings": settings, "primary_set": primary, "ood_sets": sets, "detectors": dets,
       "models": entries,
       "counts": {k: sum(e["status"] == k for e in entries)
                  for k in ("done", "failed", "running", "missing")},
-      "per_set": per_set, "ranking": ranks, "hardness": hard, "pairs": csv_rows})
+      "per_set": per_set, "ranking": ranks, "hardness": hard, "pairs": csv_rows,
+      **({"full_spectrum": fs_board} if fs_board else {})})
+
+
+def _full_spectrum(done, dets, runs) -> dict:
+  """{ID side: {"per_set": the best pairs per OOD set as `per_set`, "pairs": their rows}} over
+  the finished runs' full-spectrum rows (`schema.full_spectrum_rows`: OpenOOD's FS rows and the
+  class-subset ones), grouped by the rows' `id_set`; {} when no run has any."""
+  by_id: dict[str, dict] = {}
+  for m in done:
+    for r in schema.full_spectrum_rows(runs[m]):
+      by_id.setdefault(r["id_set"], {})[(m, r["detector"], r["ood_set"])] = r
+  out = {}
+  for id_set, rows in by_id.items():
+    sets = list(dict.fromkeys(k[2] for k in rows))
+    per_set, pairs = _best_per_set(sets, done, dets, rows)
+    out[id_set] = {"per_set": per_set, "pairs": [{**p, "id_set": id_set} for p in pairs]}
+  return out
 
 
 # ----------------------------------------------------------------------------- the files
@@ -395,6 +423,33 @@ def markdown(board: Mapping) -> str:
     out += ["", "Not ranked (no FPR@95 on some ranking set of some model): " + "; ".join(
         f"{d} (missing on {', '.join(ms)})" for d, ms in r["not_ranked"].items())]
 
+  for id_set, part in (board.get("full_spectrum") or {}).items():
+    out += ["", f"## Full spectrum: ID = {id_set}", "",
+            "The covariate-shifted ID sets join the ID side (OpenOOD v1.5 FS; in brackets: the "
+            "rows in a class subset's label space).", "",
+            "| OOD set | pairs | min FPR@95 [CI] | best pair by FPR@95 | max AUROC [CI] | best "
+            "pair by AUROC |", "|---|---|---|---|---|---|"]
+    for name, p in part["per_set"].items():
+      if not p.get("n_pairs"):
+        out.append(f"| {name} | 0 | - | - | - | - |")
+        continue
+      bf, ba = p["best_fpr95"], p["best_auroc"]
+      out.append(f"| {name} | {p['n_pairs']} | "
+                 f"{_pct(p['min_fpr95'], p['min_fpr95_ci_low'], p['min_fpr95_ci_high'])} | "
+                 f"{bf['model']}: {bf['detector']} | "
+                 f"{_pct(ba['auroc'], ba['auroc_ci_low'], ba['auroc_ci_high'])} | "
+                 f"{ba['model']}: {ba['detector']} |")
+  with_fs = [e for e in board["models"] if e.get("full_spectrum")]
+  if with_fs:
+    out += ["", "Full-spectrum ID accuracy (the shifted sets' own over their class subset "
+            "where they have one):", "", "| model | ID side | accuracy | per shifted set |",
+            "|---|---|---|---|"]
+    for e in with_fs:
+      f = e["full_spectrum"]
+      out.append(f"| {e['model']} | {f['id_set']} | {_pct(f['accuracy'])} | " + (", ".join(
+          f"{k} {_pct(v)}" for k, v in f["csid_accuracy"].items()) or "-") + " |")
+      out += [f"| {e['model']} | {k} | {_pct(v)} | - |" for k, v in f["restricted"].items()]
+
   out += ["", f"## Models (best detector on {board['primary_set'] or '-'})", "",
           "| model | status | ID accuracy | best detector | best FPR@95 [CI] | failed detectors |",
           "|---|---|---|---|---|---|"]
@@ -417,11 +472,13 @@ def markdown(board: Mapping) -> str:
 
 
 def csv_text(board: Mapping) -> str:
-  """Every (OOD set, model, detector) pair, best first per set (leaderboard.csv)."""
+  """Every (OOD set, model, detector) pair, best first per set, then the full-spectrum pairs
+  per ID side (their `id_set` tells them apart) (leaderboard.csv)."""
   buf = io.StringIO()
   w = csv.DictWriter(buf, fieldnames=list(CSV_FIELDS), lineterminator="\n")
   w.writeheader()
-  for r in board["pairs"]:
+  fs_pairs = [p for part in (board.get("full_spectrum") or {}).values() for p in part["pairs"]]
+  for r in list(board["pairs"]) + fs_pairs:
     w.writerow({k: "" if r.get(k) is None else r[k] for k in CSV_FIELDS})
   return buf.getvalue()
 

@@ -105,6 +105,11 @@ class FullSpectrum(TypedDict):
   accuracy: Optional[float]        # top-1 pooled over the union (OpenOOD's csid_acc)
   csid_accuracy: dict      # {csid set: its own top-1, over its class_subset where it has one}
   rows: list               # Rows as in `rows`, with id_set = `id_set`
+  # shifted sets with a class subset (ImageNet-R / -A) that restrict the logits: per subset,
+  # the logit-only detectors' FS rows in its label space (docs/metrics.md#class-subsets):
+  # [{class_subset, id_set, n_classes, csid_sets, n_id_test, accuracy, detectors, failed,
+  #   rows[, skipped]}]
+  restricted: list
 
 
 class Results(TypedDict, total=False):
@@ -157,13 +162,23 @@ def is_degenerate(entry: Mapping) -> bool:
 def make(meta: Mapping, id_accuracy: Optional[float], rows: Sequence[Mapping],
          failed: Sequence[Mapping], full_spectrum: Optional[Mapping] = None) -> Results:
   """A run's results, every row (the full-spectrum ones too) checked against the schema."""
-  for r in list(rows) + list((full_spectrum or {}).get("rows", [])):
+  for r in list(rows) + full_spectrum_rows({"full_spectrum": full_spectrum}):
     check_row(r)
   out: Results = {"schema": SCHEMA_VERSION, "meta": dict(meta), "id_accuracy": id_accuracy,
                   "rows": list(rows), "failed": [dict(f) for f in failed]}
   if full_spectrum is not None:
     out["full_spectrum"] = {**full_spectrum, "rows": list(full_spectrum.get("rows", []))}
+    if "restricted" in full_spectrum:
+      out["full_spectrum"]["restricted"] = [{**b, "rows": list(b.get("rows", []))}
+                                            for b in full_spectrum["restricted"]]
   return out
+
+
+def full_spectrum_rows(results: Mapping) -> list:
+  """Every full-spectrum row of a run's results: the FS rows on all the logits, then those of
+  each class subset's restricted block (their `id_set` tells them apart); [] without FS."""
+  fs = results.get("full_spectrum") or {}
+  return list(fs.get("rows", [])) + [r for b in fs.get("restricted", []) for r in b.get("rows", [])]
 
 
 def jsonable(x: Any) -> Any:
@@ -236,6 +251,11 @@ def _problems(res: Any) -> list[str]:
   if fs is not None and (not isinstance(fs, dict) or not isinstance(fs.get("rows"), list)
                          or not isinstance(fs.get("id_set"), str)):
     problems.append("'full_spectrum' is not an object with an 'id_set' and a 'rows' list")
+  elif fs is not None and not (isinstance(fs.get("restricted", []), list) and all(
+      isinstance(b, dict) and isinstance(b.get("rows"), list) and isinstance(b.get("id_set"), str)
+      for b in fs.get("restricted", []))):
+    problems.append("'full_spectrum.restricted' is not a list of objects with an 'id_set' and a "
+                    "'rows' list")
   failed = res.get("failed", [])
   if failed is not None and not isinstance(failed, list):
     problems.append("'failed' is not a list")

@@ -33,7 +33,7 @@ import numpy as np
 
 from fi_jax import detectors, pipeline, report
 from fi_jax.common import distributed
-from fi_jax.data import class_subsets, id_labels, preprocess
+from fi_jax.data import id_labels, preprocess
 from fi_jax.data import loader as data
 from fi_jax.data import specs as specs_lib
 from fi_jax.extract import cache
@@ -121,7 +121,9 @@ def config_specs(config) -> dict[str, dict]:
 
 def set_path(config, workdir: str, name: str, spec: dict, columns) -> str:
   """The cache entry of a set's arrays (with several processes: the folder of their parts);
-  `columns`: pipeline.column_names of the set."""
+  `columns`: pipeline.column_names of the set. `restrict_logits` (what the metrics do with
+  the logits, not what is extracted) is not part of the key."""
+  spec = {k: v for k, v in spec.items() if k != "restrict_logits"}
   return (cache.set_dir(os.path.join(workdir, "cache"), model_key(config), name) + "-"
           + cache.key_of(spec, sorted(columns)))
 
@@ -395,7 +397,7 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
 
     try:
       results = _results(config, workdir, log, dets, specs, sets, scores, errors, dropped,
-                         model_meta, random_init, timings, run_id)
+                         model_meta, random_init, timings, run_id, head=head)
       results["meta"].update(id_label_meta)
     except BaseException as e:
       if stage is not None:
@@ -438,7 +440,7 @@ def _score_and_report(config, workdir: str, log: Log, dets: dict, specs: dict, s
 
 def _results(config, workdir: str, log: Log, dets: dict, specs: dict, sets: dict, scores: dict,
              errors: dict, dropped: dict, model_meta: dict, random_init: bool, timings: dict,
-             run_id: str) -> dict:
+             run_id: str, head=None) -> dict:
   """The run's results (`schema.make`): the metric rows of `scores` and the meta."""
   t = time.time()
   rows = pipeline.metric_rows(scores, sets, model=model_label(config),
@@ -462,7 +464,7 @@ def _results(config, workdir: str, log: Log, dets: dict, specs: dict, sets: dict
   }
   results = schema.make(meta, pipeline.id_accuracy(sets["id_test"]), rows,
                         [schema.failure(n, errors[n]) for n in dets if n in errors],
-                        full_spectrum(config, specs, sets, scores))
+                        full_spectrum(config, specs, sets, scores, dets, head, log))
   if jax.process_index() == 0:
     results["meta"].update(report_extras(specs, sets))
   return results
@@ -511,27 +513,15 @@ def reannotated_id(config, specs: dict, sets: dict, log: Log) -> tuple[dict, dic
   return sets, meta
 
 
-def full_spectrum(config, specs: dict, sets: dict, scores: dict) -> Optional[dict]:
+def full_spectrum(config, specs: dict, sets: dict, scores: dict, dets: Optional[dict] = None,
+                  head=None, log: Log = print) -> Optional[dict]:
   """The results' `full_spectrum` part (schema.FullSpectrum) when the config has
-  covariate-shifted ID sets (`config.csid`), else None: the FS metric rows
-  (`pipeline.full_spectrum_rows`), the top-1 accuracy pooled over the ID test set and every
-  shifted set (OpenOOD's csid_acc) and each shifted set's own accuracy (over its
-  `class_subset`, e.g. ImageNet-R's 200 classes, where its spec names one)."""
-  csid = [s for s in specs if specs_lib.is_csid(s)]
-  if not csid:
-    return None
-  id_name = config.get("id_name", "id")
-  id_set = " + ".join([id_name] + [specs_lib.csid_name(s) for s in csid])
-  rows = pipeline.full_spectrum_rows(scores, sets, csid, model=model_label(config),
-                                     id_set=id_set, **metric_kwargs(config))
-  accuracy = {}
-  for s in csid:
-    subset = specs[s].get("class_subset")
-    accuracy[specs_lib.csid_name(s)] = pipeline.id_accuracy(
-        sets[s], None if subset is None else class_subsets.subset_indices(subset))
-  return {"id_set": id_set, "csid_sets": [specs_lib.csid_name(s) for s in csid],
-          "accuracy": pipeline.pooled_accuracy([sets["id_test"]] + [sets[s] for s in csid]),
-          "csid_accuracy": accuracy, "rows": rows}
+  covariate-shifted ID sets (`config.csid`), else None: `pipeline.full_spectrum` with the
+  config's ID set name, model label and metric settings (with `dets`, also the restricted
+  rows of the shifted sets with a class subset)."""
+  return pipeline.full_spectrum(specs, sets, scores, id_name=config.get("id_name", "id"),
+                                dets=dets, head=head, log=log, model=model_label(config),
+                                **metric_kwargs(config))
 
 
 def _publish_scores_alone(stage, hists, error: BaseException, workdir: str, log: Log) -> None:

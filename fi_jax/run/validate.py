@@ -170,7 +170,8 @@ def _model(config) -> None:
 
 def _csid(csid) -> None:
   """config.csid: {name: set spec} of covariate-shifted ID sets, each spec's `class_subset`
-  (if any) a known subset name or a list of label indices."""
+  (if any) a known subset name or a list of label indices, its `restrict_logits` (if any) a
+  bool that is True only with a `class_subset`."""
   if csid is None:
     return
   if not isinstance(csid, Mapping) and not hasattr(csid, "items"):
@@ -189,6 +190,14 @@ def _csid(csid) -> None:
         class_subsets.subset_indices(subset)
       except (TypeError, ValueError) as e:
         raise ValueError(f"config.csid.{name}.class_subset: {e}") from None
+    restrict = spec.get("restrict_logits")
+    if restrict is not None and not isinstance(restrict, bool):
+      raise ValueError(f"config.csid.{name}.restrict_logits must be True or False, got "
+                       f"{restrict!r}.")
+    if restrict and subset is None:
+      raise ValueError(f"config.csid.{name}.restrict_logits is True but the set names no "
+                       "class_subset: set class_subset (a subset name or label indices) or "
+                       "drop restrict_logits.")
 
 
 def validate_config(config, workdir: str) -> None:

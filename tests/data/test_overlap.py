@@ -187,3 +187,46 @@ def test_overlap_with_imagenet2012_train(tmp_path, monkeypatch, no_network):
           for o in report["overlaps"]] == [
       ("sun/images/sun_x.jpg", "exact", "imagenet2012:train", "n01443537_1.JPEG")]
   assert report["references"] == {"imagenet2012:train": 4}
+
+
+def _imagehash_phash_reference(img: Image.Image) -> int:
+  """The `imagehash` library's `phash(image)` (defaults hash_size=8, highfreq_factor=4) as an
+  int, written from its definition in imagehash 4.3.2 (github.com/JohannesBuchner/imagehash,
+  commit 4e289eb, `imagehash/__init__.py`): the image converted to 'L' (from its own mode) and
+  resized to 32x32 with Lanczos, the uint8 pixels, scipy.fftpack's DCT-II along axis 0 then
+  axis 1, the top-left 8x8 block, bit = coefficient > its median; the hash's hex string reads
+  the flattened bits (row-major) as one binary number, first bit most significant."""
+  from scipy import fftpack
+  grey = np.asarray(img.convert("L").resize((32, 32), Image.Resampling.LANCZOS))
+  low = fftpack.dct(fftpack.dct(grey, axis=0), axis=1)[:8, :8]
+  bits = (low > np.median(low)).ravel()
+  return int("".join("1" if b else "0" for b in bits), 2)
+
+
+def test_phash_equals_imagehash_bit_for_bit():
+  """The overlap tool's pHash = imagehash.phash (imagehash is not a dependency: when it is
+  installed the library itself is compared too) on generated images of several sizes, modes
+  and encodings."""
+  try:
+    import imagehash
+  except ImportError:
+    imagehash = None
+  rng = np.random.default_rng(5)
+  cases = []
+  for k in range(24):
+    img = _smooth_image(rng, size=int(rng.integers(20, 90)))
+    if k % 4 == 1:
+      img = img.resize((int(rng.integers(33, 120)), int(rng.integers(33, 120))),
+                       Image.Resampling.BILINEAR)   # not square
+    if k % 4 == 2:
+      img = img.convert("L")
+    fmt, kw = ("JPEG", {"quality": 85}) if k % 3 == 0 else ("PNG", {})
+    cases.append(_encode(img, fmt, **kw))
+  _, _, got = overlap.hash_images((f"im_{k}", d) for k, d in enumerate(cases))
+  for k, data in enumerate(cases):
+    with Image.open(io.BytesIO(data)) as img:
+      img.load()
+      want = _imagehash_phash_reference(img)
+      assert int(got[k]) == want, (k, f"{int(got[k]):016x}", f"{want:016x}")
+      if imagehash is not None:
+        assert f"{int(got[k]):016x}" == str(imagehash.phash(img)), k

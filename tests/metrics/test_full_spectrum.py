@@ -112,3 +112,59 @@ def test_class_subsets_are_200_imagenet_classes():
   assert list(class_subsets.subset_indices("imagenet_a")[:2]) == [6, 11]
   with pytest.raises(ValueError, match="Unknown class_subset"):
     class_subsets.subset_indices("imagenet_z")
+
+
+def _log_msp(z):
+  """log max softmax, a numpy reference."""
+  z = z - z.max(1, keepdims=True)
+  return -np.log(np.exp(z).sum(1))
+
+
+@pytest.mark.slow
+def test_restricted_full_spectrum_scores_the_subsets_logits():
+  """ImageNet-R / -A rows in the 200-class label space: MSP and energy on logits[:, subset] of
+  every set; the fit and ID test sets keep their images of the subset's classes, the shifted
+  and OOD sets all rows; detectors that read more than the logits are left out; the rows equal
+  OpenOOD's FS metrics on those restricted scores."""
+  from scipy.special import logsumexp
+
+  from fi_jax import detectors
+  rng = np.random.default_rng(7)
+  c, d = 12, 5
+  subset = np.array([1, 4, 6, 9])
+  def arrays(n, labels):
+    return {"features": rng.normal(size=(n, d)), "logits": rng.normal(0, 2, (n, c)),
+            "label": labels, "_id": np.arange(n)}
+  sets = {"id_fit": arrays(60, rng.integers(0, c, 60)),
+          "id_test": arrays(80, np.r_[rng.integers(0, c, 78), -1, 4]),
+          "csid/r": arrays(50, rng.choice(subset, 50)),
+          "ood/a": arrays(40, -np.ones(40, np.int64))}
+  sets["csid/r"]["logits"][:, subset] += 1.0
+  dets = {n: detectors.build(n) for n in ("msp", "energy", "vim")}
+  head = detectors.Head(rng.normal(size=(d, c)), rng.normal(size=c))
+  out = pipeline.restricted_full_spectrum(dets, sets, head, ["csid/r"], subset,
+                                          id_set="id + r [4 classes]", model="m")
+  in_subset = np.isin(sets["id_test"]["label"], subset)
+  assert out["n_id_test"] == int(in_subset.sum()) and out["n_classes"] == 4
+  assert out["csid_sets"] == ["r"] and out["detectors"] == ["msp", "energy"]   # not vim
+  assert {r["detector"] for r in out["rows"]} == {"msp", "energy"}
+  z_id = sets["id_test"]["logits"][in_subset][:, subset]
+  z_r, z_ood = sets["csid/r"]["logits"][:, subset], sets["ood/a"]["logits"][:, subset]
+  for det, f in (("msp", _log_msp), ("energy", lambda z: logsumexp(z, axis=1))):
+    (row,) = [r for r in out["rows"] if r["detector"] == det]
+    fpr, auroc = openood_fs(f(z_id), [f(z_r)], f(z_ood))
+    assert row["id_set"] == "id + r [4 classes]" and row["n_id"] == len(z_id) + 50
+    assert row["auroc"] == pytest.approx(auroc, abs=1e-12)
+    assert row["fpr95_ood_positive"] == pytest.approx(fpr, abs=1e-12)
+  # accuracy: argmax over the subset, pooled over the kept ID test images and the shifted set
+  pred = np.r_[z_id.argmax(1), z_r.argmax(1)]
+  truth = np.searchsorted(subset, np.r_[sets["id_test"]["label"][in_subset], sets["csid/r"]["label"]])
+  assert out["accuracy"] == pytest.approx(np.mean(pred == truth), abs=1e-15)
+  # a detector that fits (KL-Matching, TempScale) sees the fit set's images of the subset only
+  restricted_fit = pipeline.restrict_to_classes(sets["id_fit"], subset, keep_rows="labelled")
+  assert len(restricted_fit["logits"]) == int(np.isin(sets["id_fit"]["label"], subset).sum())
+  assert restricted_fit["logits"].shape[1] == 4 and set(restricted_fit["label"]) <= {0, 1, 2, 3}
+  # no labelled ID test image of the subset: nothing to compare, said so
+  none = {**sets, "id_test": {**sets["id_test"], "label": -np.ones(80, np.int64)}}
+  skipped = pipeline.restricted_full_spectrum(dets, none, head, ["csid/r"], subset)
+  assert skipped["rows"] == [] and "no labelled image of the 4 classes" in skipped["skipped"]
