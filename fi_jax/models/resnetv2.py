@@ -77,9 +77,11 @@ class StdConv(nn.Module):
 
 
 class GroupNormAct(nn.Module):
-  """torch GroupNorm(groups, eps) (statistics in float32) followed by ReLU."""
+  """torch GroupNorm(groups, eps) (statistics in float32) followed by ReLU (`relu=False`:
+  the GroupNorm alone)."""
   groups: int = 32
   eps: float = 1e-5
+  relu: bool = True
 
   @nn.compact
   def __call__(self, x):
@@ -92,7 +94,7 @@ class GroupNormAct(nn.Module):
     mean = jnp.mean(y, axis=(1, 2, 4), keepdims=True)
     var = jnp.mean(jnp.square(y - mean), axis=(1, 2, 4), keepdims=True)
     y = ((y - mean) * jax.lax.rsqrt(var + self.eps)).reshape(x.shape) * scale + bias
-    return nn.relu(y).astype(x.dtype)
+    return (nn.relu(y) if self.relu else y).astype(x.dtype)
 
 
 class PreActBottleneck(nn.Module):
