@@ -1,4 +1,4 @@
-"""fi_jax ResNet's timm variants vs timm: ECA, anti-aliasing (average pool and BlurPool2d),
+"""fi_jax ResNet's timm variants vs timm (and timm's plain pre-activation ResNetV2s): ECA, anti-aliasing (average pool and BlurPool2d),
 GroupNorm, ResNet-RS's conv stem pool, SENet-154's reduced first conv and 3x3 shortcuts,
 per-stage block kinds (test_resnet), Res2Net's split bottleneck and timm's legacy SENets
 (senet.py's own key names, stride in the 1x1, ceil-mode stem pool, SE after the ReLU).
@@ -67,6 +67,19 @@ CASES = {
         lambda: _legacy("SEResNetBottleneck", 1, inplanes=128, input_3x3=True,
                         downsample_kernel_size=3, downsample_padding=1),
         dict(depths=(1, 1, 1, 1), stem="deep", stem_width=64, down_kernel=3), ".safetensors"),
+    # plain pre-activation ResNetV2s (fi_jax.models.resnetv2): BasicBlock with the deep stem
+    # and average-pool shortcuts, the 7x7 bottleneck, GroupNorm
+    "resnetv2_18d.ra4_e3600_r224_in1k": (
+        lambda: _timm("resnetv2_18d", layers=(1, 1, 2, 1), channels=(16, 24, 32, 40),
+                      stem_chs=16),
+        dict(depths=(1, 1, 2, 1), channels=(16, 24, 32, 40), stem_width=16), ".pth"),
+    "resnetv2_50.a1h_in1k": (
+        lambda: _timm("resnetv2_50", layers=(1, 2, 1, 1), channels=(32, 48, 64, 80),
+                      stem_chs=16),
+        dict(depths=(1, 2, 1, 1), channels=(32, 48, 64, 80), stem_width=16), ".safetensors"),
+    "resnetv2_50d_gn.ah_in1k": (
+        lambda: _timm("resnetv2_50d_gn", layers=(1, 1, 1, 1), channels=(128, 128, 256, 256)),
+        dict(depths=(1, 1, 1, 1), channels=(128, 128, 256, 256)), ".safetensors"),
 }
 
 
@@ -80,8 +93,9 @@ def test_resnet_variants_match_timm(tmp_path):
     path = save_state_dict(ref, tmp_path / f"{name}{suffix}")
     model, params, info = zoo.from_pretrained(f"timm/{name}", path, num_classes=NUM_CLASSES,
                                               **overrides)
-    assert info["route"] == "flax" and info["family"] == "resnet"
-    size = 64 if info["model"].get("aa", resnet.ARCHS[info["variant"]].get("aa")) == "avg" \
-        else SIZE
+    family = "resnetv2" if name.startswith("resnetv2") else "resnet"
+    assert info["route"] == "flax" and info["family"] == family
+    size = 64 if info["model"].get("aa", resnet.ARCHS.get(info["variant"], {}).get("aa")) \
+        == "avg" else SIZE
     diffs[name] = assert_matches(model, params, ref, size)
   assert len(diffs) == len(CASES)
