@@ -108,6 +108,21 @@ ARCHS: dict[str, dict] = {
     "ecaresnet50t": dict(depths=(3, 4, 6, 3), attn="eca", **_T),
     "ecaresnet101d": dict(depths=(3, 4, 23, 3), attn="eca", **_D),
     "ecaresnet269d": dict(depths=(3, 30, 48, 8), attn="eca", **_D),
+    # pruned ones (timm models/_pruned/ecaresnet{50,101}d_pruned.txt): per stage (conv3
+    # width, (conv1, conv2) widths per block); ECA keeps the unpruned width's kernel
+    "ecaresnet50d_pruned": dict(depths=(3, 4, 6, 3), attn="eca", **_D, pruned=(
+        (19, ((47, 18), (52, 22), (64, 35))),
+        (171, ((85, 37), (107, 80), (120, 85), (125, 87))),
+        (818, ((198, 126), (255, 232), (256, 233), (253, 235), (256, 225), (256, 239))),
+        (2022, ((492, 237), (512, 500), (512, 490))))),
+    "ecaresnet101d_pruned": dict(depths=(3, 4, 23, 3), attn="eca", **_D, pruned=(
+        (26, ((45, 25), (53, 20), (60, 27))),
+        (142, ((81, 24), (93, 49), (102, 54), (122, 78))),
+        (278, ((101, 25), (239, 160), (234, 156), (250, 176), (253, 191), (251, 175),
+               (230, 128), (244, 154), (244, 159), (238, 97), (244, 149), (253, 181),
+               (245, 119), (255, 216), (256, 201), (253, 149), (254, 141), (256, 190),
+               (256, 217), (255, 156), (256, 155), (256, 232), (256, 214))),
+        (2042, ((499, 289), (512, 512), (512, 502))))),
     "ecaresnetlight": dict(depths=(1, 1, 11, 3), avg_down=True, attn="eca"),   # 7x7 stem
     # anti-aliased: 2x2 average pool ('aa') or BlurPool2d ('blur') for the stride-2 steps
     "resnetaa50": dict(depths=(3, 4, 6, 3), aa="avg"),
@@ -272,13 +287,15 @@ class SqueezeExcite(nn.Module):
 
 class EfficientChannelAttention(nn.Module):
   """timm EcaModule: x * sigmoid(conv1d(mean_hw(x))) with one k-tap filter (no bias) slid
-  across the channels (zero padding (k - 1) / 2), k = eca_kernel_size(C)."""
+  across the channels (zero padding (k - 1) / 2), k = eca_kernel_size(`kernel_channels`, by
+  default C; a pruned model keeps the unpruned width's k)."""
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
+  kernel_channels: Optional[int] = None
 
   @nn.compact
   def __call__(self, x):
-    k = eca_kernel_size(x.shape[-1])
+    k = eca_kernel_size(self.kernel_channels or x.shape[-1])
     s = jnp.mean(x, axis=(1, 2))[..., None]                  # [B, C, 1]: channels as length
     s = nn.Conv(1, (k,), padding=(((k - 1) // 2, (k - 1) // 2),), use_bias=False,
                 dtype=blocks.compute_dtype(self.dtype), param_dtype=jnp.float32,
@@ -286,11 +303,11 @@ class EfficientChannelAttention(nn.Module):
     return x * nn.sigmoid(s[:, None, None, :, 0])
 
 
-def _attention(opts: BlockOptions, x, dtype, precision):
+def _attention(opts: BlockOptions, x, dtype, precision, unpruned_channels=None):
   if opts.attn == "se":
     return SqueezeExcite(opts.se_reduction, opts.legacy_se, dtype, precision, name="se")(x)
   if opts.attn == "eca":
-    return EfficientChannelAttention(dtype, precision, name="se")(x)
+    return EfficientChannelAttention(dtype, precision, unpruned_channels, name="se")(x)
   return x
 
 
@@ -332,6 +349,7 @@ class Bottleneck(nn.Module):
   opts: BlockOptions = BlockOptions()
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
+  pruned: Optional[tuple[int, int, int]] = None   # (conv1, conv2, conv3) widths of a pruned one
 
   @nn.compact
   def __call__(self, x):
@@ -339,16 +357,19 @@ class Bottleneck(nn.Module):
     conv = functools.partial(blocks.conv, dtype=blocks.compute_dtype(self.dtype),
                              precision=self.precision)
     width = int(self.planes * self.width_per_group / 64) * self.groups
+    first, out = width // o.reduce_first, 4 * self.planes
+    if self.pruned:
+      first, width, out = self.pruned
     use_aa = o.aa is not None and self.stride == 2
     s1 = self.stride if o.stride_in_1x1 else 1
     s2 = 1 if (o.stride_in_1x1 or use_aa) else self.stride
-    y = nn.relu(norm_layer(o, "bn1")(conv(width // o.reduce_first, 1, s1, name="conv1")(x)))
+    y = nn.relu(norm_layer(o, "bn1")(conv(first, 1, s1, name="conv1")(x)))
     y = nn.relu(norm_layer(o, "bn2")(conv(width, 3, s2, groups=self.groups, name="conv2")(y)))
     if use_aa:
       y = anti_alias(o.aa, y)
-    y = norm_layer(o, "bn3")(conv(4 * self.planes, 1, name="conv3")(y))
-    y = _attention(o, y, self.dtype, self.precision)
-    return nn.relu(y + _shortcut(self, x, 4 * self.planes, conv))
+    y = norm_layer(o, "bn3")(conv(out, 1, name="conv3")(y))
+    y = _attention(o, y, self.dtype, self.precision, 4 * self.planes)
+    return nn.relu(y + _shortcut(self, x, out, conv))
 
 
 class Res2Bottleneck(nn.Module):
@@ -430,6 +451,8 @@ class ResNet(nn.Module):
   stride_in_1x1: bool = False
   down_kernel: int = 1
   res2_scale: int = 4
+  # timm's pruned ECA-ResNets: per stage (conv3 width, ((conv1, conv2) width per block, ...))
+  pruned: Optional[tuple] = None
   bn_eps: float = 1e-5
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
@@ -449,6 +472,10 @@ class ResNet(nn.Module):
         raise ValueError(f"{field} must be one of {allowed}, got {value!r}.")
     if _BASIC in kinds and (self.groups != 1 or self.width_per_group != 64):
       raise ValueError("BasicBlock ResNets need groups=1 and width_per_group=64.")
+    if self.pruned and (kinds != (_BOTTLENECK,) * 4 or self.groups != 1
+                        or tuple(len(b) for _, b in self.pruned) != tuple(self.depths)):
+      raise ValueError("pruned widths need a 4-stage grouped-conv-free bottleneck ResNet with "
+                       "one (conv1, conv2) pair per block.")
     if _RES2 in kinds and self.aa:
       raise ValueError("Res2Net blocks have no anti-aliased variant (aa must be None).")
     return kinds
@@ -502,6 +529,8 @@ class ResNet(nn.Module):
                   precision=self.precision, name=f"layer{s + 1}_{b}")
         if kind != _BASIC:
           kw.update(groups=self.groups, width_per_group=self.width_per_group)
+        if self.pruned:
+          kw.update(pruned=(*self.pruned[s][1][b], self.pruned[s][0]))
         x = _BLOCKS[kind](**kw)(x)
         inplanes = planes * expansion
       out[f"stage{s + 1}"] = x

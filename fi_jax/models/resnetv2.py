@@ -51,6 +51,7 @@ ARCHS.update({
     "resnetv2_101": dict(depths=(3, 4, 23, 3), **_PLAIN),
     "resnetv2_101d": dict(depths=(3, 4, 23, 3), **{**_PLAIN, **_DEEP}),
     "resnetv2_50d_gn": dict(depths=(3, 4, 6, 3), **{**_PLAIN, **_DEEP, "norm": "group"}),
+    "resnetv2_50d_evos": dict(depths=(3, 4, 6, 3), **{**_PLAIN, **_DEEP, "norm": "evos"}),
 })
 
 # every timm tag of the architectures (eval transforms from timm's pretrained_cfg).
@@ -113,11 +114,36 @@ class GroupNormAct(nn.Module):
     return (nn.relu(y) if self.relu else y).astype(x.dtype)
 
 
+class EvoNormS0(nn.Module):
+  """timm EvoNorm2dS0 (its own non-linearity): x * sigmoid(v * x) / group_std(x) * scale +
+  bias, group_std over `groups` channel groups and H, W (biased variance + eps, float32)."""
+  groups: int = 32
+  eps: float = 1e-5
+
+  @nn.compact
+  def __call__(self, x):
+    c = x.shape[-1]
+    if c % self.groups:
+      raise ValueError(f"EvoNorm: {c} channels are not divisible by {self.groups} groups.")
+    scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
+    v = self.param("v", nn.initializers.ones, (c,), jnp.float32)
+    xf = x.astype(jnp.float32)
+    g = xf.reshape(*x.shape[:-1], self.groups, c // self.groups)
+    mean = jnp.mean(g, axis=(1, 2, 4), keepdims=True)
+    var = jnp.mean(jnp.square(g - mean), axis=(1, 2, 4), keepdims=True)
+    std = jnp.broadcast_to(jnp.sqrt(var + self.eps), g.shape).reshape(x.shape)
+    y = xf * nn.sigmoid(xf * v) / std
+    return (y * scale + bias).astype(x.dtype)
+
+
 def _norm_act(norm: str, groups: int, eps: float, name: str):
-  """GroupNormAct (BiT, '_gn') or an eval-mode BatchNorm + ReLU (timm BatchNormAct2d), made
-  in the calling module's scope as `name`."""
+  """GroupNormAct (BiT, '_gn'), EvoNormS0 ('_evos') or an eval-mode BatchNorm + ReLU (timm
+  BatchNormAct2d), made in the calling module's scope as `name`."""
   if norm == "group":
     return GroupNormAct(groups, eps, name=name)
+  if norm == "evos":
+    return EvoNormS0(groups, eps, name=name)
   bn = blocks.BatchNorm(eps, name=name)
   return lambda x: nn.relu(bn(x))
 
@@ -135,7 +161,7 @@ class PreActBlock(nn.Module):
   ws_eps: float = 1e-8
   basic: bool = False
   conv_kind: str = "std"          # "std" (StdConv2d) | "plain"
-  norm: str = "group"             # "group" | "batch"
+  norm: str = "group"             # "group" | "batch" | "evos"
   avg_down: bool = False
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
@@ -190,7 +216,7 @@ class ResNetV2(nn.Module):
   ws_eps: float = 1e-8            # StdConv2d eps of timm's BiT models
   basic: bool = False             # PreActBasic blocks (resnetv2_18 / 34)
   conv_kind: str = "std"          # "std" | "plain"
-  norm: str = "group"             # "group" | "batch"
+  norm: str = "group"             # "group" | "batch" | "evos"
   avg_down: bool = False
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
@@ -200,8 +226,9 @@ class ResNetV2(nn.Module):
     del train   # inference only
     if self.stem not in ("fixed", "", "deep"):
       raise ValueError(f"stem must be 'fixed' (BiT), '' or 'deep', got {self.stem!r}.")
-    if self.conv_kind not in ("std", "plain") or self.norm not in ("group", "batch"):
-      raise ValueError(f"conv_kind must be 'std' or 'plain' and norm 'group' or 'batch', got "
+    if self.conv_kind not in ("std", "plain") or self.norm not in ("group", "batch", "evos"):
+      raise ValueError(f"conv_kind must be 'std' or 'plain' and norm 'group', 'batch' or "
+                       f"'evos', got "
                        f"{self.conv_kind!r}, {self.norm!r}.")
     conv = _conv_factory(self.conv_kind, self.ws_eps, self.dtype, self.precision)
     out = {}

@@ -1,5 +1,5 @@
 """fi_jax ResNet's timm variants vs timm (and timm's plain pre-activation ResNetV2s): ECA, anti-aliasing (average pool and BlurPool2d),
-GroupNorm, ResNet-RS's conv stem pool, SENet-154's reduced first conv and 3x3 shortcuts,
+GroupNorm, pruned widths, ResNet-RS's conv stem pool, SENet-154's reduced first conv and 3x3 shortcuts,
 per-stage block kinds (test_resnet), Res2Net's split bottleneck and timm's legacy SENets
 (senet.py's own key names, stride in the 1x1, ceil-mode stem pool, SE after the ReLU).
 
@@ -35,6 +35,43 @@ def _legacy(block, groups, **kw):
                      num_classes=NUM_CLASSES, **kw)
 
 
+def _perturb_evonorms(m):
+  """EvoNorm2dS0's weight, bias and v off their init (1, 0, 1): perturb_norms knows only
+  BatchNorm / GroupNorm, and a swapped weight / v would not show at the init."""
+  g = torch.Generator().manual_seed(1)
+  with torch.no_grad():
+    for mod in m.modules():
+      if isinstance(mod, timm.layers.EvoNorm2dS0):
+        for p, base in ((mod.weight, 1.0), (mod.bias, 0.0), (mod.v, 1.0)):
+          p.copy_(base + 0.3 * torch.randn(p.shape, generator=g))
+  return m
+
+
+# per stage (conv3 width, (conv1, conv2) widths per block) of the pruned stand-in
+PRUNED = ((12, ((7, 5),)), (20, ((9, 6), (11, 10))), (26, ((13, 7),)), (30, ((15, 12),)))
+
+
+def _pruned_ecaresnet():
+  """A small ecaresnet50d cut to PRUNED's widths by timm's own pruning adapter (the one
+  `pretrained_cfg` pruned models go through, fed a spec string in its file format)."""
+  from timm.models._prune import adapt_model_from_string
+  m = _timm("ecaresnet50d", layers=(1, 2, 1, 1), **_SMALL)
+  shapes = {k: list(v.shape) for k, v in m.state_dict().items() if k.endswith(".weight")}
+  prev = 2 * _SMALL["stem_width"]
+  for s, (out, block_widths) in enumerate(PRUNED, start=1):
+    for b, (c1, c2) in enumerate(block_widths):
+      pre = f"layer{s}.{b}."
+      shapes.update({pre + "conv1.weight": [c1, prev, 1, 1], pre + "bn1.weight": [c1],
+                     pre + "conv2.weight": [c2, c1, 3, 3], pre + "bn2.weight": [c2],
+                     pre + "conv3.weight": [out, c2, 1, 1], pre + "bn3.weight": [out]})
+      if b == 0:
+        shapes.update({pre + "downsample.1.weight": [out, prev, 1, 1],
+                       pre + "downsample.2.weight": [out]})
+      prev = out
+  shapes["fc.weight"] = [NUM_CLASSES, prev]
+  return adapt_model_from_string(m, "***".join(f"{k}:{v}" for k, v in shapes.items()))
+
+
 # published timm name: (the timm stand-in, fi_jax Model overrides, file suffix). Stand-ins
 # combine options where that saves a compile (the fi_jax module is one code path per option).
 CASES = {
@@ -43,6 +80,8 @@ CASES = {
         lambda: _timm("resnet50_gn", layers=(1, 1, 2, 1), channels=(32, 32, 32, 32),
                       aa_layer=timm.layers.BlurPool2d, block_args=dict(attn_layer="eca")),
         dict(depths=(1, 1, 2, 1), widths=(32, 32, 32, 32), aa="blur", attn="eca"), ".pth"),
+    "ecaresnet50d_pruned.miil_in1k": (
+        _pruned_ecaresnet, dict(depths=(1, 2, 1, 1), pruned=PRUNED, **_SMALL_FI), ".safetensors"),
     "resnetrs50.tf_in1k": (
         lambda: _timm("resnetrs50", layers=(1, 2, 1, 1), **_SMALL),
         dict(depths=(1, 2, 1, 1), **_SMALL_FI), ".safetensors"),
@@ -79,6 +118,10 @@ CASES = {
         dict(depths=(1, 2, 1, 1), channels=(32, 48, 64, 80), stem_width=16), ".safetensors"),
     "resnetv2_50d_gn.ah_in1k": (
         lambda: _timm("resnetv2_50d_gn", layers=(1, 1, 1, 1), channels=(128, 128, 256, 256)),
+        dict(depths=(1, 1, 1, 1), channels=(128, 128, 256, 256)), ".safetensors"),
+    "resnetv2_50d_evos.ah_in1k": (
+        lambda: _perturb_evonorms(_timm("resnetv2_50d_evos", layers=(1, 1, 1, 1),
+                                        channels=(128, 128, 256, 256))),
         dict(depths=(1, 1, 1, 1), channels=(128, 128, 256, 256)), ".safetensors"),
 }
 

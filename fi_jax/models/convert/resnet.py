@@ -27,8 +27,8 @@ _SKIPPED_LEAVES = ("num_batches_tracked",)
 
 
 def torch_leaf(leaf: str, v: np.ndarray) -> Optional[tuple[str, np.ndarray]]:
-  """One torch parameter of a Conv2d / Conv1d / Linear / BatchNorm / GroupNorm -> (flax
-  leaf, array); None for a leaf none of them has."""
+  """One torch parameter of a Conv2d / Conv1d / Linear / BatchNorm / GroupNorm / EvoNorm ->
+  (flax leaf, array); None for a leaf none of them has."""
   v = np.asarray(v)
   if leaf == "weight" and v.ndim == 4:
     return "kernel", np.transpose(v, (2, 3, 1, 0))
@@ -38,6 +38,8 @@ def torch_leaf(leaf: str, v: np.ndarray) -> Optional[tuple[str, np.ndarray]]:
     return "kernel", v.T
   if leaf in _NORM_LEAVES and v.ndim == 1:
     return _NORM_LEAVES[leaf], v
+  if leaf == "v" and v.ndim == 1:   # EvoNorm's non-linearity weight
+    return "v", v
   return None
 
 
@@ -66,7 +68,7 @@ def convert_with(sd: Mapping[str, np.ndarray], module_map: Callable[[str, str, n
 
 
 _TORCH_LEAVES = {"kernel": "weight", "scale": "weight", "bias": "bias", "mean": "running_mean",
-                 "var": "running_var"}
+                 "var": "running_var", "v": "v"}
 
 
 def default_torch_module(module: str) -> str:
