@@ -14,7 +14,10 @@ out["stage1".."stage4"]. `load(init, file)` reads torchvision's and timm's state
 regnety_* models are the same network (3x3 stride-2 stem of 32, post-activation bottlenecks
 with ReLU, SE of a quarter of the block's input width, 1x1 conv + BN shortcuts; checked with
 timm 1.0.31 on the meta device): TIMM_ARCHS tabulates their stage depths / widths / group
-widths. Eval transforms: PRETRAINED (the SWAG end-to-end weights are evaluated at 384 px,
+widths. timm's RegNetV (regnetv_040 / 064: pre-activation RegNetY, SiLU) and RegNetZ-040
+(x4 inverted bottlenecks, SiLU, no shortcut where the shape changes, no activation after the
+sums) are Block / RegNet options (`preact`, `act`, `shortcut`, `linear_out`,
+`num_features`). Eval transforms: PRETRAINED (the SWAG end-to-end weights are evaluated at 384 px,
 bicubic; timm's from its pretrained_cfg facts).
 """
 from __future__ import annotations

@@ -1,4 +1,13 @@
-"""BiT ResNetV2 (timm `resnetv2_{50,101,152}x{1,2,3,4}_bit`) in Flax.
+"""BiT ResNetV2 (timm `resnetv2_{50,101,152}x{1,2,3,4}_bit`) and timm's plain pre-activation
+ResNetV2s (`resnetv2_18/34/50/101[d]`, `resnetv2_50d_gn`, `resnetv2_50d_evos`) in Flax.
+
+The plain ones (timm 1.0 `models/resnetv2.py`, `create_conv2d` + `BatchNormAct2d` /
+`GroupNormAct` / `EvoNorm2dS0`): ordinary convs (`conv_kind="plain"`), BN + ReLU,
+GroupNorm(32) + ReLU or EvoNorm-S0 for every norm-act (`norm`), the 7x7 stem or the 'deep'
+one (3x3 convs of stem_width / 2, stem_width / 2, stem_width with norm-act between; no
+norm after the last), max pool padding 1, PreActBasic blocks for 18 / 34 (`basic`: 3x3
+(stride) -> norm-act -> 3x3, projecting only where the shape changes) and the 2x2 ceil-mode
+average pool before the 1x1 projection on 'd' models (`avg_down`).
 
 Pre-activation bottlenecks with weight-standardised convs and GroupNorm(32) + ReLU: per block
 x_pre = relu(GN(x)); shortcut = x, or a strided 1x1 StdConv of x_pre on a stage's first block;
