@@ -203,9 +203,28 @@ PRETRAINED: dict[str, dict] = {
     **pretrained.timm_tags(TIMM_MODELS),
 }
 
+# timm's legacy SENets are not on the HF hub: timm downloads their GitHub release .pth files
+# (timm 1.0 models/senet.py default_cfgs).
+_GH = "https://github.com/rwightman/pytorch-image-models/releases/download/"
+LEGACY_SENET_URLS = {
+    "legacy_senet154.in1k": _GH + "v0.1-weights/legacy_senet154-e9eb9fe6.pth",
+    "legacy_seresnet18.in1k": _GH + "v0.1-weights/seresnet18-4bb0ce65.pth",
+    "legacy_seresnet34.in1k": _GH + "v0.1-weights/seresnet34-a4004e63.pth",
+    "legacy_seresnet50.in1k": _GH + "v0.1-cadene/se_resnet50-ce0d4300.pth",
+    "legacy_seresnet101.in1k": _GH + "v0.1-cadene/se_resnet101-7e38fcc6.pth",
+    "legacy_seresnet152.in1k": _GH + "v0.1-cadene/se_resnet152-d17c99b7.pth",
+    "legacy_seresnext26_32x4d.in1k": _GH + "v0.1-weights/seresnext26_32x4d-65ebdb501.pth",
+    "legacy_seresnext50_32x4d.in1k": _GH + "v0.1-weights/legacy_se_resnext50_32x4d-f3651bad.pth",
+    "legacy_seresnext101_32x4d.in1k":
+        _GH + "v0.1-weights/legacy_se_resnext101_32x4d-37725eac.pth",
+}
+for _tag, _url in LEGACY_SENET_URLS.items():
+  PRETRAINED[f"timm/{_tag}"] = dict(PRETRAINED[f"timm/{_tag}"], url=_url)
+
 DOWNLOAD_HINT = ("ResNet weights: torchvision's https://download.pytorch.org/models/<arch>-<hash>"
                  ".pth or timm's https://huggingface.co/timm/<arch>.<tag> model.safetensors "
-                 "(see fi_jax.models.resnet.PRETRAINED)")
+                 "(the legacy SENets: GitHub release .pth files; see "
+                 "fi_jax.models.resnet.PRETRAINED)")
 
 
 def se_channels(channels: int, reduction: int = 16, legacy: bool = False) -> int:
