@@ -14,7 +14,10 @@ out["stage1".."stage4"]. `load(init, file)` reads torchvision's and timm's state
 regnety_* models are the same network (3x3 stride-2 stem of 32, post-activation bottlenecks
 with ReLU, SE of a quarter of the block's input width, 1x1 conv + BN shortcuts; checked with
 timm 1.0.31 on the meta device): TIMM_ARCHS tabulates their stage depths / widths / group
-widths. Eval transforms: PRETRAINED (the SWAG end-to-end weights are evaluated at 384 px,
+widths. timm's RegNetV (regnetv_040 / 064: pre-activation RegNetY, SiLU) and RegNetZ-040
+(x4 inverted bottlenecks, SiLU, no shortcut where the shape changes, no activation after the
+sums) are Block / RegNet options (`preact`, `act`, `shortcut`, `linear_out`,
+`num_features`). Eval transforms: PRETRAINED (the SWAG end-to-end weights are evaluated at 384 px,
 bicubic; timm's from its pretrained_cfg facts).
 """
 from __future__ import annotations
@@ -107,6 +110,18 @@ TIMM_ARCHS: dict[str, dict] = {
     "regnety_640": _timm((2, 5, 12, 1), (328, 984, 1968, 4920), 328, True),
     "regnety_1280": _timm((2, 7, 17, 1), (528, 1056, 2904, 7392), 264, True),
     "regnety_2560": _timm((2, 7, 17, 1), (746, 1492, 4103, 10444), 373, True),
+    # RegNetV: pre-activation RegNetY with SiLU (no final norm: an activation only)
+    "regnetv_040": dict(_timm((2, 6, 12, 2), (128, 192, 512, 1088), 64, True), act="silu",
+                        preact=True),
+    "regnetv_064": dict(_timm((2, 7, 14, 2), (144, 288, 576, 1296), 72, True), act="silu",
+                        preact=True, shortcut="avg"),
+    # RegNetZ: inverted bottlenecks (x4), SiLU, no shortcut where the shape changes, no
+    # activation after the residual sum; the final activation (or a 1x1 conv-BN-SiLU)
+    "regnetz_040": dict(_timm((2, 6, 14, 6), (48, 104, 240, 528), 8, True), act="silu",
+                        bottleneck_multiplier=4.0, shortcut="none", linear_out=True),
+    "regnetz_040_h": dict(_timm((2, 6, 14, 6), (48, 104, 240, 528), 8, True), act="silu",
+                          bottleneck_multiplier=4.0, shortcut="none", linear_out=True,
+                          num_features=1536),
 }
 ARCHS.update(TIMM_ARCHS)
 
@@ -162,23 +177,32 @@ DOWNLOAD_HINT = ("RegNet weights: torchvision's https://download.pytorch.org/mod
                  "fi_jax.models.regnet.PRETRAINED)")
 
 
+_ACTS = {"relu": nn.relu, "silu": nn.silu}
+
+
 class SqueezeExcitation(nn.Module):
-  """torchvision SqueezeExcitation: x * sigmoid(fc2(relu(fc1(mean_hw(x))))), 1x1 convs."""
+  """torchvision SqueezeExcitation: x * sigmoid(fc2(act(fc1(mean_hw(x))))), 1x1 convs (act:
+  ReLU, timm's RegNetV / RegNetZ: SiLU)."""
   squeeze: int
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
+  act: str = "relu"
 
   @nn.compact
   def __call__(self, x):
     conv = functools.partial(blocks.conv, use_bias=True, dtype=blocks.compute_dtype(self.dtype),
                              precision=self.precision)
     s = jnp.mean(x, axis=(1, 2), keepdims=True)
-    s = conv(x.shape[-1], 1, name="fc2")(nn.relu(conv(self.squeeze, 1, name="fc1")(s)))
+    s = conv(x.shape[-1], 1, name="fc2")(_ACTS[self.act](conv(self.squeeze, 1, name="fc1")(s)))
     return x * nn.sigmoid(s)
 
 
 class Block(nn.Module):
-  """torchvision ResBottleneckBlock (proj + f = a, b, [se], c)."""
+  """torchvision ResBottleneckBlock (proj + f = a, b, [se], c), and timm's variants of it:
+  `preact` (PreBottleneck: BN-act before each conv, the shortcut taken after the first
+  BN-act, a bare conv projection), `shortcut` 'avg' (2x2 ceil-mode average pool, then the 1x1
+  projection) or 'none' (no residual where the shape changes), `linear_out` (no activation
+  after the sum), SiLU (`act`)."""
   width: int
   stride: int
   group_width: int
@@ -187,24 +211,44 @@ class Block(nn.Module):
   bn_eps: float = 1e-5
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
+  act: str = "relu"
+  preact: bool = False
+  shortcut: str = "conv"          # "conv" | "avg" | "none"
+  linear_out: bool = False
 
   @nn.compact
   def __call__(self, x):
     conv = functools.partial(blocks.conv, dtype=blocks.compute_dtype(self.dtype),
                              precision=self.precision)
     bn = lambda name: blocks.BatchNorm(self.bn_eps, name=name)
+    act = _ACTS[self.act]
     width_in = x.shape[-1]
     w_b = int(round(self.width * self.bottleneck_multiplier))
-    y = nn.relu(bn("a_bn")(conv(w_b, 1, name="a_conv")(x)))
-    y = nn.relu(bn("b_bn")(conv(w_b, 3, self.stride, groups=w_b // self.group_width,
-                                name="b_conv")(y)))
-    if self.se_ratio:
-      y = SqueezeExcitation(int(round(self.se_ratio * width_in)), dtype=self.dtype,
-                            precision=self.precision, name="se")(y)
-    y = bn("c_bn")(conv(self.width, 1, name="c_conv")(y))
+    se = (lambda y: SqueezeExcitation(int(round(self.se_ratio * width_in)), dtype=self.dtype,
+                                      precision=self.precision, act=self.act, name="se")(y)
+          ) if self.se_ratio else (lambda y: y)
+    if self.preact:
+      x = act(bn("a_bn")(x))
+      y = act(bn("b_bn")(conv(w_b, 1, name="a_conv")(x)))
+      y = se(conv(w_b, 3, self.stride, groups=w_b // self.group_width, name="b_conv")(y))
+      y = conv(self.width, 1, name="c_conv")(act(bn("c_bn")(y)))
+    else:
+      y = act(bn("a_bn")(conv(w_b, 1, name="a_conv")(x)))
+      y = se(act(bn("b_bn")(conv(w_b, 3, self.stride, groups=w_b // self.group_width,
+                                 name="b_conv")(y))))
+      y = bn("c_bn")(conv(self.width, 1, name="c_conv")(y))
     if width_in != self.width or self.stride != 1:
-      x = bn("proj_bn")(conv(self.width, 1, self.stride, name="proj_conv")(x))
-    return nn.relu(x + y)
+      if self.shortcut == "none":
+        return y if self.linear_out or self.preact else act(y)
+      stride = self.stride
+      if self.shortcut == "avg":
+        x = blocks.avg_pool_ceil(x, 2, stride) if stride > 1 else x
+        stride = 1
+      x = conv(self.width, 1, stride, name="proj_conv")(x)
+      if not self.preact:
+        x = bn("proj_bn")(x)
+    y = x + y
+    return y if self.linear_out or self.preact else act(y)
 
 
 class RegNet(nn.Module):
@@ -219,6 +263,11 @@ class RegNet(nn.Module):
   bn_eps: float = 1e-5
   dtype: str = "float32"
   precision: Any = blocks.HIGHEST
+  act: str = "relu"               # timm RegNetV / RegNetZ: "silu"
+  preact: bool = False            # RegNetV: PreBottlenecks, a bare stem conv, no final norm
+  shortcut: str = "conv"          # "conv" | "avg" | "none" (timm RegNetCfg.downsample)
+  linear_out: bool = False        # RegNetZ: no activation after the residual sums
+  num_features: int = 0           # > 0: a final 1x1 conv-BN-act to this width
 
   @nn.compact
   def __call__(self, images, *, train: bool = False):
@@ -228,14 +277,26 @@ class RegNet(nn.Module):
                        f"{self.depths}, {self.widths}, {self.group_widths}.")
     out = {}
     x = jnp.asarray(images, blocks.compute_dtype(self.dtype))
-    x = blocks.conv(self.stem_width, 3, 2, dtype=x.dtype, precision=self.precision,
-                    name="stem_conv")(x)
-    x = out["stem"] = nn.relu(blocks.BatchNorm(self.bn_eps, name="stem_bn")(x))
+    if self.act not in _ACTS or self.shortcut not in ("conv", "avg", "none"):
+      raise ValueError(f"act must be one of {sorted(_ACTS)} and shortcut 'conv', 'avg' or "
+                       f"'none'; got {self.act!r}, {self.shortcut!r}.")
+    act = _ACTS[self.act]
+    conv = functools.partial(blocks.conv, dtype=x.dtype, precision=self.precision)
+    x = conv(self.stem_width, 3, 2, name="stem_conv")(x)
+    if not self.preact:
+      x = act(blocks.BatchNorm(self.bn_eps, name="stem_bn")(x))
+    out["stem"] = x
     for s, (depth, width, gw) in enumerate(zip(self.depths, self.widths, self.group_widths)):
       for b in range(depth):
         x = Block(width, 2 if b == 0 else 1, gw, self.bottleneck_multiplier, self.se_ratio,
-                  self.bn_eps, self.dtype, self.precision, name=f"block{s + 1}_{b}")(x)
+                  self.bn_eps, self.dtype, self.precision, self.act, self.preact, self.shortcut,
+                  self.linear_out, name=f"block{s + 1}_{b}")(x)
       out[f"stage{s + 1}"] = x
+    if self.num_features:
+      x = act(blocks.BatchNorm(self.bn_eps, name="final_bn")(
+          conv(self.num_features, 1, name="final_conv")(x)))
+    elif self.linear_out or self.preact:
+      x = act(x)
     x = out["pre_logits"] = blocks.global_avg_pool(x)
     if self.num_classes:
       x = out["logits"] = nn.Dense(self.num_classes, precision=self.precision, name="head")(x)

@@ -213,3 +213,47 @@ def test_regnet_timm_missing_key_names_the_files_key(tmp_path):
   with pytest.raises(checkpoints.CheckpointError, match=r"'s2\.b1\.conv2\.bn\.running_var' "
                      r"\(the model's 'block2_0/b_bn/var'\).*huggingface\.co/timm"):
     regnet.load(_init(model, 32), path)
+
+
+def _conv(m):
+  return m.conv if hasattr(m, "conv") else m   # ConvNormAct or a bare conv (pre-activation)
+
+
+@pytest.mark.parametrize("name,cfg,size", [
+    # RegNetV: pre-activation, SiLU, average-pool shortcuts (regnetv_064)
+    ("regnetv_064.ra3_in1k", dict(depth=6, w0=16, wa=12.0, wm=1.8, group_size=8,
+                                  stem_width=16), 72),
+    # RegNetZ: x4 inverted bottlenecks, no shortcut on shape changes, linear out, final conv
+    ("regnetz_040_h.ra3_in1k", dict(depth=6, w0=8, wa=6.0, wm=1.8, group_size=8, stem_width=16,
+                                    num_features=64), 64),
+])
+def test_regnet_v_z_match_timm(name, cfg, size, tmp_path):
+  """A small timm RegNetV / RegNetZ (the published config with fewer, narrower blocks) saved
+  as safetensors, loaded through zoo.from_pretrained -> equal logits and pre-logits."""
+  import timm
+
+  from fi_jax.models import zoo
+  from tests.helpers.torch_reference import save_state_dict
+  torch.manual_seed(0)
+  ref = perturb_norms(timm.create_model(name.split(".")[0], num_classes=NUM_CLASSES, **cfg),
+                      linear_weights=True)
+  stages = [list(getattr(ref, f"s{i}").children()) for i in range(1, 5)]
+  first = [b[0] for b in stages]
+  fields = dict(depths=tuple(len(b) for b in stages),
+                widths=tuple(_conv(b.conv3).out_channels for b in first),
+                group_widths=tuple(_conv(b.conv2).out_channels // _conv(b.conv2).groups
+                                   for b in first), stem_width=cfg["stem_width"])
+  assert len(set(fields["widths"])) > 1
+  if "num_features" in cfg:
+    fields["num_features"] = cfg["num_features"]
+  path = save_state_dict(ref, tmp_path / "model.safetensors")
+  model, params, info = zoo.from_pretrained(f"timm/{name}", path, num_classes=NUM_CLASSES,
+                                            **fields)
+  assert info["family"] == "regnet"
+  x = _images(size)
+  logits, out = jax.jit(model.apply)({"params": params}, x)
+  with torch.no_grad():
+    t = torch.tensor(x).permute(0, 3, 1, 2)
+    feats = ref.forward_features(t)
+    want, want_pre = ref.forward_head(feats).numpy(), ref.forward_head(feats, True).numpy()
+  assert _diff(logits, want) < TOL and _diff(out["pre_logits"], want_pre) < TOL
