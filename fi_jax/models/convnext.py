@@ -1,4 +1,4 @@
-"""ConvNeXt (v1) in Flax, loading torchvision's and timm's ImageNet weights.
+"""ConvNeXt (v1) in Flax, loading torchvision's, timm's and the official (ConvNeXt, DINOv3) weights.
 
 `Model(1000, variant="convnext_tiny")` builds: a 4x4/4 patchify conv + LayerNorm stem, four
 stages of ConvNeXt blocks (depthwise 7x7 conv -> LayerNorm -> Linear 4x -> exact GELU -> Linear
@@ -10,6 +10,12 @@ compute the same function (LayerNorm eps 1e-6 everywhere) under different parame
 `apply({"params": p}, images_nhwc)` returns `(logits, out)`: out["pre_logits"] is the
 normalised pooled feature the head reads (torchvision: the classifier Linear's input; timm:
 `forward_head(x, pre_logits=True)`); out["stem"] and out["stage0".."stage3"] are NHWC maps.
+
+DINOv3 ConvNeXt (facebookresearch/dinov3 at 6876159, `dinov3/models/convnext.py`): the same
+network without a classifier; its output `x_norm_clstoken` is the final LayerNorm (`norm`) of
+the spatial mean of the last stage, i.e. `out["pre_logits"]` here (a headless model:
+num_classes 0, logits = pre_logits). DINOv3 publishes no linear classifier for its ConvNeXts
+(its only ImageNet-1k linear head, `dinov3_vit7b16_lc`, is for the ViT-7B).
 """
 from __future__ import annotations
 
@@ -38,6 +44,10 @@ ARCHS: dict[str, dict] = {
     "convnext_pico": dict(depths=(2, 2, 6, 2), dims=(64, 128, 256, 512)),
     "convnext_nano": dict(depths=(2, 2, 8, 2), dims=(80, 160, 320, 640)),
 }
+# DINOv3's distilled ConvNeXts (facebookresearch/dinov3 at 6876159, `dinov3/models/convnext.py`
+# `convnext_sizes`): the v1 architecture; the official files are headless (`norm` = head_norm).
+ARCHS.update({f"dinov3_convnext_{s}": ARCHS[f"convnext_{s}"]
+              for s in ("tiny", "small", "base", "large")})
 
 def _tv_pp(resize: int) -> str:
   # torchvision ImageClassification: Resize(resize, bilinear) + CenterCrop(224), ImageNet stats.
@@ -52,8 +62,18 @@ def _pretrained() -> dict[str, dict]:
     table[f"torchvision/convnext_{size}.IMAGENET1K_V1"] = dict(
         variant=f"convnext_{size}", source="torchvision", num_classes=1000, pp=_tv_pp(resize),
         input_size=224, url=f"https://download.pytorch.org/models/convnext_{size}-{sha}.pth")
-  # every timm tag of the four sizes (fb_in1k, fb_in22k[_ft_in1k[_384]], in12k_ft_in1k, ...)
-  table.update(pretrained.timm_tags(list(ARCHS)))
+  # every timm tag of the four sizes (fb_in1k, fb_in22k[_ft_in1k[_384]], in12k_ft_in1k, ...;
+  # convnext_<size>.dinov3_lvd1689m: DINOv3's ConvNeXts converted by timm, headless)
+  table.update(pretrained.timm_tags([a for a in ARCHS if not a.startswith("dinov3_")]))
+  # DINOv3's official ConvNeXt files (facebookresearch/dinov3 hub/backbones.py): headless, the
+  # official classification eval transform (as for the DINOv3 ViTs).
+  for size, sha in (("tiny", "21b726bb"), ("small", "296db49d"), ("base", "801f2ba9"),
+                    ("large", "61fa432d")):
+    m = f"dinov3_convnext_{size}"
+    table[f"dinov3/{m}.lvd1689m"] = dict(
+        variant=m, source="fb", num_classes=0, input_size=224,
+        pp=preprocess.torchvision_pp(256, 224, "bicubic"),
+        url=f"https://dl.fbaipublicfiles.com/dinov3/{m}/{m}_pretrain_lvd1689m-{sha}.pth")
   return table
 
 

@@ -10,6 +10,9 @@ timm ConvNeXt V2: no `gamma`, `mlp.grn.{weight,bias}` (C,); the small models (at
 fb (the official facebookresearch/ConvNeXt and ConvNeXt-V2 files, `{"model": ...}`):
 downsample_layers.0.{0,1} stem; downsample_layers.<i>.{0: norm, 1: conv}; stages.<i>.<j>.{dwconv,
 norm, pwconv1, pwconv2, gamma (v1) or grn.gamma / grn.beta (1, 1, 1, C) (v2)}; norm, head.
+DINOv3's ConvNeXt files (facebookresearch/dinov3 `dinov3/models/convnext.py`, a bare state dict)
+use the fb layout without `head`; its `norms` list holds three Identities and `norm` itself, so
+the file repeats `norm.*` as `norms.3.*` (checked equal, then dropped).
 """
 from __future__ import annotations
 
@@ -24,7 +27,9 @@ from fi_jax.models.convert import keymap
 HINT = ("ConvNeXt weights: torchvision https://download.pytorch.org/models/convnext_<size>-"
         "<hash>.pth or timm https://huggingface.co/timm/convnext_<size>.<tag>; ConvNeXt V2: "
         "https://huggingface.co/timm/convnextv2_<size>.<tag> or the official "
-        "https://dl.fbaipublicfiles.com/convnext/convnextv2/")
+        "https://dl.fbaipublicfiles.com/convnext/convnextv2/; DINOv3 ConvNeXt: "
+        "dinov3_convnext_<size>_pretrain_lvd1689m-<hash>.pth (https://github.com/"
+        "facebookresearch/dinov3: download links on request from Meta)")
 
 _LN = {"scale": "weight", "bias": "bias"}
 
@@ -113,6 +118,22 @@ def key_map(init_params: Mapping[str, Any], source: str) -> dict[str, tuple[str,
   return spec
 
 
+def _drop_dinov3_norm_alias(sd: Mapping[str, np.ndarray], file: str) -> Mapping[str, np.ndarray]:
+  """DINOv3 ConvNeXt: `norms.3.{weight,bias}` is `norm.{weight,bias}` saved twice; drop it
+  after checking that (anything else under `norms.` is not this layout)."""
+  alias = {k for k in sd if k.startswith("norms.")}
+  if not alias:
+    return sd
+  for k in sorted(alias):
+    twin = "norm." + k.removeprefix("norms.3.")
+    if not k.startswith("norms.3.") or twin not in sd or not np.array_equal(
+        np.asarray(sd[k]), np.asarray(sd[twin])):
+      raise checkpoints.CheckpointError(
+          f"{file} (fb ConvNeXt): {k!r} is not a copy of the final norm {twin!r} (DINOv3's "
+          f"ConvNeXt saves `norm` again as `norms.3`, and nothing else under `norms.`). {HINT}.")
+  return {k: v for k, v in sd.items() if k not in alias}
+
+
 def convert(sd: Mapping[str, np.ndarray], init_params: Mapping[str, Any], *,
             source: Optional[str] = None, file: str = "checkpoint") -> dict:
   """A torchvision, timm or official (fb) ConvNeXt (v1 or V2) state dict -> params on
@@ -122,6 +143,8 @@ def convert(sd: Mapping[str, np.ndarray], init_params: Mapping[str, Any], *,
   source = source or detect_source(sd)
   if source not in SOURCES:
     raise ValueError(f"ConvNeXt source must be one of {SOURCES}, got {source!r}.")
+  if source == "fb":
+    sd = _drop_dinov3_norm_alias(sd, file)
   head = {"torchvision": "classifier.2", "timm": "head.fc", "fb": "head"}[source]
   head = (f"{head}.weight", f"{head}.bias")
   skip = () if "head" in init_params else head
