@@ -241,3 +241,40 @@ def test_dinov3_norm_alias_must_repeat_norm(tmp_path):
   model = _fi(None)
   with pytest.raises(checkpoints.CheckpointError, match=r"'norms\.3\.bias' is not a copy"):
     convnext.load(_init(model, 64), str(tmp_path / "bad.pth"))
+
+
+# timm's ConvNeXt options through real timm names (narrow widths), two models covering them
+# all: an overlapping stem with an activation, SimpleNorm everywhere (the head's too), the MLP
+# head, per-stage kernels, SiLU (convnext_zepto_rms_ols + convnext_large_mlp's /
+# test_convnext3's options); a tiered overlapping stem, head_norm_first, tanh GELU, eps 1e-5
+# (convnext_atto_ols + convnext_tiny_hnf's / test_convnext's options).
+# {name: (timm kwargs, fi_jax kwargs)}
+_OPTION_CASES = {
+    "convnext_zepto_rms_ols": (
+        dict(head_hidden_size=24, kernel_sizes=(7, 5, 5, 3), act_layer="silu"),
+        dict(head_hidden=24, kernel_sizes=(7, 5, 5, 3), act="silu")),
+    "convnext_atto_ols": (
+        dict(head_norm_first=True, act_layer="gelu_tanh", norm_eps=1e-5),
+        dict(head_norm_first=True, act="gelu_tanh", eps=1e-5)),
+}
+
+
+@pytest.mark.slow
+def test_timm_options_match_timm(tmp_path):
+  from fi_jax.models import zoo
+  depths, dims = (1, 1, 1, 1), (16, 24, 32, 40)
+  x = np.random.default_rng(6).normal(size=(2, 32, 32, 3)).astype(np.float32)
+  for seed, (name, (timm_kw, fi_kw)) in enumerate(_OPTION_CASES.items()):
+    torch.manual_seed(seed)
+    ref = _perturb(timm.create_model(name, pretrained=False, depths=depths, dims=dims,
+                                     **timm_kw), seed)
+    path = str(tmp_path / f"{name}.safetensors")
+    safetensors_torch.save_file(ref.state_dict(), path)
+    model, params, _ = zoo.from_pretrained(f"timm/{name}", path, depths=depths, dims=dims,
+                                           **fi_kw)
+    assert ("norm_pre" in params) == ("head_norm_first" in fi_kw)
+    assert ("head_hidden" in params) == ("head_hidden" in fi_kw)
+    logits, out = jax.jit(model.apply)({"params": params}, x)
+    want_logits, want_pre = _reference(ref, x, "timm")
+    np.testing.assert_allclose(out["pre_logits"], want_pre, atol=TOL, rtol=0, err_msg=name)
+    np.testing.assert_allclose(logits, want_logits, atol=TOL, rtol=0, err_msg=name)
