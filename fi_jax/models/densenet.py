@@ -10,7 +10,9 @@ transitions BN+ReLU -> 1x1 conv (half the channels) -> 2x2/2 average pool; a fin
 BatchNorm eps 1e-5, eval statistics.
 
 `apply({"params": p}, images_nhwc)` returns `(logits, out)`: out["pre_logits"] is timm's
-`forward_head(x, pre_logits=True)`; out["features"] the map after `norm5` (NHWC). Param names
+`forward_head(x, pre_logits=True)`; out["stem"] (after the stem's pool) and out["stage0"..
+"stage3"] (after each dense block and its transition; NHWC, for the layer detectors),
+out["features"] the map after `norm5`. Param names
 are timm's module names under `features.` with "." -> "_" (`denseblock1_denselayer1_conv1`,
 `transition1_norm`, `norm5`, ...), and `head` for `classifier`.
 """
@@ -101,7 +103,7 @@ class _Model(nn.Module):
         x = bn_relu(f"transition{b}_norm", x)
         x = blocks.conv(x.shape[-1] // 2, 1, name=f"transition{b}_conv", **kw)(x)
         x = nn.avg_pool(x, (2, 2), strides=(2, 2))
-      out[f"block{b}"] = x
+      out[f"stage{b - 1}"] = x
     x = out["features"] = bn_relu("norm5", x)
     x = out["pre_logits"] = blocks.global_avg_pool(x)
     if self.num_classes:

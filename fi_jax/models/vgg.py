@@ -8,7 +8,8 @@ adaptive-average-pooled up to 7 on that side; then global average pooling (the p
 and the linear `head`. At 224 px the map is exactly 7x7 and this is torchvision's VGG.
 
 `apply({"params": p}, images_nhwc)` returns `(logits, out)`: out["pre_logits"] is timm's
-`forward_head(x, pre_logits=True)`; out["features"] the last max-pooled map (NHWC).
+`forward_head(x, pre_logits=True)`; out["stage0".."stage4"] the map after each max pool
+(NHWC, for the layer detectors), out["features"] the last of them.
 Param names follow timm's indices: `features_<i>` (conv or BatchNorm at `features.<i>`),
 `pre_logits_fc1`, `pre_logits_fc2`, `head`.
 """
@@ -79,18 +80,19 @@ class _Model(nn.Module):
     dt = blocks.compute_dtype(self.dtype)
     kw = dict(dtype=dt, precision=self.precision)
     x = jnp.asarray(image, dt)
-    idx = 0
+    idx = stage = 0
+    out = {}
     for v in self.cfg:
       if v == "M":
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
-        idx += 1
+        x = out[f"stage{stage}"] = nn.max_pool(x, (2, 2), strides=(2, 2))
+        idx, stage = idx + 1, stage + 1
         continue
       x = blocks.conv(int(v), 3, use_bias=True, name=f"features_{idx}", **kw)(x)
       if self.batch_norm:
         x = blocks.BatchNorm(1e-5, name=f"features_{idx + 1}")(x)
       x = nn.relu(x)
       idx += 3 if self.batch_norm else 2
-    out = {"features": x}
+    out["features"] = x
     k = self.mlp_kernel
     if x.shape[1] < k or x.shape[2] < k:
       x = adaptive_avg_pool(x, (max(k, x.shape[1]), max(k, x.shape[2])))

@@ -46,6 +46,8 @@ def test_matches_timm(tmp_path, name):
   logits, out = jax.jit(model.apply)({"params": params}, x)
   np.testing.assert_allclose(out["pre_logits"], want_pre, atol=1e-4, rtol=0)
   np.testing.assert_allclose(logits, want, atol=1e-4, rtol=0)
+  from fi_jax.extract import layer_columns   # the layer detectors read stem / stage maps
+  assert list(layer_columns.blocks(out)) == ["stem", "stage0", "stage1", "stage2", "stage3"]
 
 
 def test_blur_pool_matches_timm():
