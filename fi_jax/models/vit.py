@@ -309,7 +309,9 @@ class _Model(nn.Module):
   `norm_pre`, CLIP's ln_pre); `fc_norm`: the final LayerNorm moves from the tokens to the
   pooled feature (timm `fc_norm`). Pooling 'gap' and 'map' see the patch tokens only (timm
   excludes cls / register tokens), 'tok' and '0' take the first token. `precision`: matmul
-  and conv precision (None: JAX's default).
+  and conv precision (None: JAX's default). `dist_token` (timm's distilled DeiT, with 'tok'):
+  a learned `dist` token after `cls`; pre_logits is [cls | dist] (2·width) and `head` the two
+  heads stacked and halved, so logits = timm's (head(cls) + head_dist(dist)) / 2.
   """
   num_classes: Optional[int] = None
   patch_size: Sequence[int] = (16, 16)
@@ -334,6 +336,7 @@ class _Model(nn.Module):
   pre_norm: bool = False
   fc_norm: bool = False
   precision: Any = None
+  dist_token: bool = False   # timm's distilled DeiT (see the docstring)
 
   @nn.compact
   def __call__(self, image, *, train=False):
@@ -350,6 +353,9 @@ class _Model(nn.Module):
     if self.pool_type == "tok" if self.class_token is None else self.class_token:
       cls = self.param("cls", nn.initializers.zeros, (1, 1, c), x.dtype)
       prefix.append(jnp.tile(cls, [n, 1, 1]))
+    if self.dist_token:
+      dist = self.param("dist", nn.initializers.zeros, (1, 1, c), x.dtype)
+      prefix.append(jnp.tile(dist, [n, 1, 1]))
     if self.num_registers:
       reg = self.param("reg", nn.initializers.zeros, (1, self.num_registers, c), x.dtype)
       prefix.append(jnp.tile(reg, [n, 1, 1]))
@@ -376,6 +382,11 @@ class _Model(nn.Module):
                                       precision=self.precision)(encoded)
     elif self.pool_type == "gap":
       x = out["head_input"] = jnp.mean(encoded, axis=1)
+    elif self.pool_type in ("0", "tok") and self.dist_token:
+      # distilled DeiT: [cls | dist] (2·width), so that the head (timm's mean of `head` on cls
+      # and `head_dist` on dist, stacked by the converter) is one Dense; timm's pre_logits
+      # (cls + dist) / 2 is the mean of the two halves
+      x = out["head_input"] = jnp.concatenate([x[:, 0], x[:, 1]], axis=-1)
     elif self.pool_type in ("0", "tok"):
       x = out["head_input"] = x[:, 0]
     elif self.pool_type == "none":
@@ -384,6 +395,8 @@ class _Model(nn.Module):
       raise ValueError(f"Unknown pool type {self.pool_type!r}; use tok, gap, 0, map or none.")
 
     x_2d = jnp.reshape(encoded, [n, h, w, -1])
+    if self.dist_token:   # a patch token read by both heads: [t | t] through the stacked head
+      x_2d = jnp.concatenate([x_2d, x_2d], axis=-1)
     if self.fc_norm:
       norm = nn.LayerNorm(epsilon=self.ln_eps, name="fc_norm")
       x_2d, x = norm(x_2d), norm(x)
@@ -496,6 +509,13 @@ for _name, _v in (("flexivit_small", "S/16"), ("flexivit_base", "B/16"),
 for _size in (196, 336):
   ARCHS[f"eva_large_patch14_{_size}"] = {**decode_variant("L/14"), **_TORCH, "pool_type": "gap",
                                          "class_token": True, "fc_norm": True}
+# DeiT's distilled models (timm `deit.py` VisionTransformerDistilled): class + distillation
+# tokens (both with posemb slots, folded on load), the two heads averaged at eval.
+for _name, _v in (("deit_tiny_distilled_patch16_224", "Ti/16"),
+                  ("deit_small_distilled_patch16_224", "S/16"),
+                  ("deit_base_distilled_patch16_224", "B/16"),
+                  ("deit_base_distilled_patch16_384", "B/16")):
+  ARCHS[_name] = {**decode_variant(_v), **_TORCH, "dist_token": True}
 ARCHS["vit_so400m_patch14_siglip_378"] = {**_dims(1152, 27, 16, 3.7362, 14), **_TORCH,
                                           "pool_type": "map", "class_token": False}
 ARCHS["vit_so400m_patch14_siglip_gap_378"] = {**_dims(1152, 27, 16, 3.7362, 14), **_GAP,

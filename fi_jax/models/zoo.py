@@ -39,7 +39,7 @@ from fi_jax.models._checkpoints import CheckpointError
 
 # Model files with a `PRETRAINED` table, in the order `names()` lists them.
 FAMILIES = ("resnet", "resnetv2", "regnet", "convnext", "swin", "efficientnet", "vit",
-            "convnextv2", "beit", "eva", "dinov3")
+            "convnextv2", "beit", "eva", "dinov3", "vgg", "densenet")
 
 # torchvision: model -> the weights enum member `get_model_weights(model).DEFAULT` points to.
 TORCHVISION_DEFAULTS: dict[str, str] = {
@@ -72,7 +72,9 @@ TORCHVISION_DEFAULTS: dict[str, str] = {
 
 DINOV3_DEFAULTS: dict[str, str] = {
     m: "lvd1689m" for m in ("dinov3_vits16", "dinov3_vits16plus", "dinov3_vitb16",
-                            "dinov3_vitl16", "dinov3_vith16plus")}
+                            "dinov3_vitl16", "dinov3_vith16plus", "dinov3_convnext_tiny",
+                            "dinov3_convnext_small", "dinov3_convnext_base",
+                            "dinov3_convnext_large")}
 
 # MAE's official fine-tuned files (fi_jax.models.vit, `mae_*` variants): "mae/<model>.<tag>".
 MAE_DEFAULTS: dict[str, str] = {

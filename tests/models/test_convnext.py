@@ -179,8 +179,102 @@ def test_full_size_layout(variant, source):
 
 def test_pretrained_table():
   for name, cfg in convnext.PRETRAINED.items():
-    assert cfg["variant"] in convnext.ARCHS and cfg["source"] in ("torchvision", "timm"), name
+    assert cfg["variant"] in convnext.ARCHS and cfg["source"] in ("torchvision", "timm", "fb"), name
     assert cfg["url"].startswith("https://") and "central_crop" in cfg["pp"], name
   assert "resize_torchvision(236, 'bilinear')" in convnext.PRETRAINED[
       "torchvision/convnext_tiny.IMAGENET1K_V1"]["pp"]
   assert convnext.PRETRAINED["timm/convnext_base.fb_in22k_ft_in1k"]["num_classes"] == 1000
+  official = convnext.PRETRAINED["dinov3/dinov3_convnext_large.lvd1689m"]
+  assert official["num_classes"] == 0 and official["source"] == "fb"
+  assert official["url"].endswith("dinov3_convnext_large_pretrain_lvd1689m-61fa432d.pth")
+
+
+def _dinov3_official(seed=4):
+  from tests.helpers.dinov3_convnext_reference import DinoV3ConvNeXt
+  torch.manual_seed(seed)
+  return _perturb(DinoV3ConvNeXt(DEPTHS, DIMS), seed).eval()
+
+
+@pytest.mark.slow
+def test_dinov3_official_file_matches_official_code(tmp_path):
+  """An official DINOv3 ConvNeXt file (bare state dict, `norms.3.*` repeating `norm.*`) through
+  `zoo.from_pretrained`: headless, pre_logits = logits = the official `x_norm_clstoken`; timm's
+  converted layout (`convnext_tiny.dinov3_lvd1689m`, num_classes 0) gives the same numbers."""
+  from fi_jax.models import zoo
+  ref = _dinov3_official()
+  sd = ref.state_dict()
+  assert "norms.3.weight" in sd and not any(k.startswith("head.") for k in sd)
+  torch.save(sd, tmp_path / "dinov3_convnext.pth")
+  x = np.random.default_rng(5).normal(size=(2, 64, 64, 3)).astype(np.float32)
+  with torch.no_grad():
+    want = ref.forward_features(torch.from_numpy(x.transpose(0, 3, 1, 2).copy()))
+  want = want["x_norm_clstoken"].numpy()
+  model, params, info = zoo.from_pretrained("dinov3/dinov3_convnext_tiny",
+                                            str(tmp_path / "dinov3_convnext.pth"),
+                                            depths=DEPTHS, dims=DIMS)
+  assert info["url"].endswith("dinov3_convnext_tiny_pretrain_lvd1689m-21b726bb.pth")
+  assert "head" not in params and info["input_size"] == 224
+  apply = jax.jit(model.apply)
+  logits, out = apply({"params": params}, x)
+  np.testing.assert_allclose(out["pre_logits"], want, atol=TOL, rtol=0)
+  np.testing.assert_allclose(logits, want, atol=TOL, rtol=0)
+  # timm's layout of the same weights (timm's own fb -> timm remap), timm's name
+  tm = timm.create_model("convnext_tiny", pretrained=False, depths=DEPTHS, dims=DIMS,
+                         num_classes=0)
+  tm.load_state_dict(timm.models.convnext.checkpoint_filter_fn(sd, tm))
+  safetensors_torch.save_file(tm.state_dict(), str(tmp_path / "timm.safetensors"))
+  with torch.no_grad():
+    want_timm = tm(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
+  np.testing.assert_allclose(want_timm, want, atol=TOL, rtol=0)
+  timm_model, params, _ = zoo.from_pretrained("timm/convnext_tiny.dinov3_lvd1689m",
+                                              str(tmp_path / "timm.safetensors"),
+                                              depths=DEPTHS, dims=DIMS)
+  assert timm_model == model   # the same module: the compiled forward serves both
+  logits, out = apply({"params": params}, x)
+  np.testing.assert_allclose(logits, want, atol=TOL, rtol=0)
+
+
+def test_dinov3_norm_alias_must_repeat_norm(tmp_path):
+  sd = dict(_dinov3_official().state_dict())
+  sd["norms.3.bias"] = sd["norms.3.bias"] + 1
+  torch.save(sd, tmp_path / "bad.pth")
+  model = _fi(None)
+  with pytest.raises(checkpoints.CheckpointError, match=r"'norms\.3\.bias' is not a copy"):
+    convnext.load(_init(model, 64), str(tmp_path / "bad.pth"))
+
+
+# timm's ConvNeXt options through real timm names (narrow widths), two models covering them
+# all: an overlapping stem with an activation, SimpleNorm everywhere (the head's too), the MLP
+# head, per-stage kernels, SiLU (convnext_zepto_rms_ols + convnext_large_mlp's /
+# test_convnext3's options); a tiered overlapping stem, head_norm_first, tanh GELU, eps 1e-5
+# (convnext_atto_ols + convnext_tiny_hnf's / test_convnext's options).
+# {name: (timm kwargs, fi_jax kwargs)}
+_OPTION_CASES = {
+    "convnext_zepto_rms_ols": (
+        dict(head_hidden_size=24, kernel_sizes=(7, 5, 5, 3), act_layer="silu"),
+        dict(head_hidden=24, kernel_sizes=(7, 5, 5, 3), act="silu")),
+    "convnext_atto_ols": (
+        dict(head_norm_first=True, act_layer="gelu_tanh", norm_eps=1e-5),
+        dict(head_norm_first=True, act="gelu_tanh", eps=1e-5)),
+}
+
+
+@pytest.mark.slow
+def test_timm_options_match_timm(tmp_path):
+  from fi_jax.models import zoo
+  depths, dims = (1, 1, 1, 1), (16, 24, 32, 40)
+  x = np.random.default_rng(6).normal(size=(2, 32, 32, 3)).astype(np.float32)
+  for seed, (name, (timm_kw, fi_kw)) in enumerate(_OPTION_CASES.items()):
+    torch.manual_seed(seed)
+    ref = _perturb(timm.create_model(name, pretrained=False, depths=depths, dims=dims,
+                                     **timm_kw), seed)
+    path = str(tmp_path / f"{name}.safetensors")
+    safetensors_torch.save_file(ref.state_dict(), path)
+    model, params, _ = zoo.from_pretrained(f"timm/{name}", path, depths=depths, dims=dims,
+                                           **fi_kw)
+    assert ("norm_pre" in params) == ("head_norm_first" in fi_kw)
+    assert ("head_hidden" in params) == ("head_hidden" in fi_kw)
+    logits, out = jax.jit(model.apply)({"params": params}, x)
+    want_logits, want_pre = _reference(ref, x, "timm")
+    np.testing.assert_allclose(out["pre_logits"], want_pre, atol=TOL, rtol=0, err_msg=name)
+    np.testing.assert_allclose(logits, want_logits, atol=TOL, rtol=0, err_msg=name)

@@ -6,10 +6,16 @@ features.{2,4,6}.{0: LayerNorm2d, 1: conv} downsampling; classifier.{0: LayerNor
 timm: stem.{0,1}; stages.<i>.downsample.{0,1} (i > 0); stages.<i>.blocks.<j>.{conv_dw, norm,
 mlp.fc1, mlp.fc2, gamma (C,)}; head.norm, head.fc (norm_pre is an Identity for these models).
 timm ConvNeXt V2: no `gamma`, `mlp.grn.{weight,bias}` (C,); the small models (atto..nano,
-`conv_mlp=True`) store mlp.fc1 / mlp.fc2 as 1x1 convs (O, I, 1, 1).
+`conv_mlp=True`) store mlp.fc1 / mlp.fc2 as 1x1 convs (O, I, 1, 1). timm's options: overlapping
+stems stem.{0: conv, [1: act], next: conv, next: norm}; `SimpleNorm` (`_rms`) norms hold only a
+weight; head_norm_first keeps its norm as norm_pre.* (head.norm absent); the MLP head
+(`convnext_large_mlp`) adds head.pre_logits.fc.
 fb (the official facebookresearch/ConvNeXt and ConvNeXt-V2 files, `{"model": ...}`):
 downsample_layers.0.{0,1} stem; downsample_layers.<i>.{0: norm, 1: conv}; stages.<i>.<j>.{dwconv,
 norm, pwconv1, pwconv2, gamma (v1) or grn.gamma / grn.beta (1, 1, 1, C) (v2)}; norm, head.
+DINOv3's ConvNeXt files (facebookresearch/dinov3 `dinov3/models/convnext.py`, a bare state dict)
+use the fb layout without `head`; its `norms` list holds three Identities and `norm` itself, so
+the file repeats `norm.*` as `norms.3.*` (checked equal, then dropped).
 """
 from __future__ import annotations
 
@@ -24,7 +30,9 @@ from fi_jax.models.convert import keymap
 HINT = ("ConvNeXt weights: torchvision https://download.pytorch.org/models/convnext_<size>-"
         "<hash>.pth or timm https://huggingface.co/timm/convnext_<size>.<tag>; ConvNeXt V2: "
         "https://huggingface.co/timm/convnextv2_<size>.<tag> or the official "
-        "https://dl.fbaipublicfiles.com/convnext/convnextv2/")
+        "https://dl.fbaipublicfiles.com/convnext/convnextv2/; DINOv3 ConvNeXt: "
+        "dinov3_convnext_<size>_pretrain_lvd1689m-<hash>.pth (https://github.com/"
+        "facebookresearch/dinov3: download links on request from Meta)")
 
 _LN = {"scale": "weight", "bias": "bias"}
 
@@ -66,8 +74,10 @@ def _stages(init_params: Mapping[str, Any]) -> list[int]:
   return [depths[i] for i in range(len(depths))]
 
 
-def key_map(init_params: Mapping[str, Any], source: str) -> dict[str, tuple[str, Any]]:
-  """{flax leaf path: (torch key, transform)} for every leaf of `init_params`."""
+def key_map(init_params: Mapping[str, Any], source: str,
+            stem_act: bool = False) -> dict[str, tuple[str, Any]]:
+  """{flax leaf path: (torch key, transform)} for every leaf of `init_params`; `stem_act`:
+  timm's overlapping stem has an activation between its convs (shifting the indices)."""
   tv, fb = source == "torchvision", source == "fb"
   spec = {}
 
@@ -80,13 +90,22 @@ def key_map(init_params: Mapping[str, Any], source: str) -> dict[str, tuple[str,
     spec[f"{path}/kernel"] = (f"{key}.weight", _linear)
     spec[f"{path}/bias"] = (f"{key}.bias", keymap.same)
 
-  def norm(path, key):
+  def norm(path, key):   # LayerNorm (scale, bias) or timm's SimpleNorm (scale only)
+    node = init_params
+    for part in path.split("/"):
+      node = node[part]
     for f, t in _LN.items():
-      spec[f"{path}/{f}"] = (f"{key}.{t}", keymap.same)
+      if f in node:
+        spec[f"{path}/{f}"] = (f"{key}.{t}", keymap.same)
 
   stem = "features.0" if tv else "downsample_layers.0" if fb else "stem"
-  conv("stem", f"{stem}.0")
-  norm("stem_norm", f"{stem}.1")
+  if "stem_mid" in init_params:   # timm's overlapping stems: conv, [act], conv, norm
+    conv("stem_mid", f"{stem}.0")
+    conv("stem", f"{stem}.{1 + stem_act}")
+    norm("stem_norm", f"{stem}.{2 + stem_act}")
+  else:
+    conv("stem", f"{stem}.0")
+    norm("stem_norm", f"{stem}.1")
   for i, depth in enumerate(_stages(init_params)):
     if i > 0:
       down = (f"features.{2 * i}" if tv else f"downsample_layers.{i}" if fb
@@ -107,10 +126,31 @@ def key_map(init_params: Mapping[str, Any], source: str) -> dict[str, tuple[str,
       if "grn" in block:   # ConvNeXt V2 (timm / fb only)
         spec[f"{p}/grn/weight"] = (f"{t}.grn.gamma" if fb else f"{t}.mlp.grn.weight", _vector)
         spec[f"{p}/grn/bias"] = (f"{t}.grn.beta" if fb else f"{t}.mlp.grn.bias", _vector)
-  norm("head_norm", "classifier.0" if tv else "norm" if fb else "head.norm")
+  if "norm_pre" in init_params:   # timm's head_norm_first
+    norm("norm_pre", "norm_pre")
+  else:
+    norm("head_norm", "classifier.0" if tv else "norm" if fb else "head.norm")
+  if "head_hidden" in init_params:   # timm's MLP head
+    dense("head_hidden", "head.pre_logits.fc")
   if "head" in init_params:
     dense("head", "classifier.2" if tv else "head" if fb else "head.fc")
   return spec
+
+
+def _drop_dinov3_norm_alias(sd: Mapping[str, np.ndarray], file: str) -> Mapping[str, np.ndarray]:
+  """DINOv3 ConvNeXt: `norms.3.{weight,bias}` is `norm.{weight,bias}` saved twice; drop it
+  after checking that (anything else under `norms.` is not this layout)."""
+  alias = {k for k in sd if k.startswith("norms.")}
+  if not alias:
+    return sd
+  for k in sorted(alias):
+    twin = "norm." + k.removeprefix("norms.3.")
+    if not k.startswith("norms.3.") or twin not in sd or not np.array_equal(
+        np.asarray(sd[k]), np.asarray(sd[twin])):
+      raise checkpoints.CheckpointError(
+          f"{file} (fb ConvNeXt): {k!r} is not a copy of the final norm {twin!r} (DINOv3's "
+          f"ConvNeXt saves `norm` again as `norms.3`, and nothing else under `norms.`). {HINT}.")
+  return {k: v for k, v in sd.items() if k not in alias}
 
 
 def convert(sd: Mapping[str, np.ndarray], init_params: Mapping[str, Any], *,
@@ -122,8 +162,11 @@ def convert(sd: Mapping[str, np.ndarray], init_params: Mapping[str, Any], *,
   source = source or detect_source(sd)
   if source not in SOURCES:
     raise ValueError(f"ConvNeXt source must be one of {SOURCES}, got {source!r}.")
+  if source == "fb":
+    sd = _drop_dinov3_norm_alias(sd, file)
   head = {"torchvision": "classifier.2", "timm": "head.fc", "fb": "head"}[source]
   head = (f"{head}.weight", f"{head}.bias")
   skip = () if "head" in init_params else head
-  return keymap.apply(sd, key_map(init_params, source), init_params,
+  stem_act = "stem_mid" in init_params and "stem.3.weight" in sd
+  return keymap.apply(sd, key_map(init_params, source, stem_act), init_params,
                       source=f"{file} ({source} ConvNeXt)", hint=HINT + ".", skip=skip)

@@ -8,7 +8,8 @@ on the pooled feature (`fc_norm`), a patch embedding without bias (CLIP ViTs), L
 (`ls1` / `ls2`), the MAP head (`attn_pool`) and the classifier (`head`, absent for headless
 models). Models built with qkv_bias=False (MIIL, the `gap` ViTs without qkv bias) have no
 `attn.qkv.bias`: they load as zero biases, the same function. DeiT's distilled models
-(`dist_token`, `head_dist`) are refused.
+(`dist_token` -> `dist`, its posemb slot folded in as for `cls`; `head` and `head_dist` -> one
+`head` on [cls | dist]: kernels stacked and both halved, bias (b + b_dist) / 2).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from fi_jax.models._checkpoints import CheckpointError, flatten, recover_tree
+from fi_jax.models._checkpoints import flatten, recover_tree
 from fi_jax.models.convert import torch_layers as tl
 
 # torch sub-module of one timm block -> vit.Encoder1DBlock target (see tl.convert_block).
@@ -26,7 +27,7 @@ BLOCK_NAMES = {"norm1": "LayerNorm_0", "norm2": "LayerNorm_1", "attn.qkv": "qkv"
 BLOCKS = r"blocks\.(\d+)\.(.+)"
 BLOCK_KEY = "blocks.{}."
 # flax path -> timm key of the params that only some models have (for tl.check_tree).
-OPTIONAL = {"cls": "cls_token", "reg": "reg_token", "embedding/bias": "patch_embed.proj.bias",
+OPTIONAL = {"cls": "cls_token", "dist": "dist_token", "reg": "reg_token", "embedding/bias": "patch_embed.proj.bias",
             "Transformer/encoder_norm/scale": "norm.weight",
             "Transformer/encoder_norm/bias": "norm.bias", "norm_pre/scale": "norm_pre.weight",
             "norm_pre/bias": "norm_pre.bias", "fc_norm/scale": "fc_norm.weight",
@@ -42,14 +43,17 @@ def _is_square(n: int) -> bool:
 
 
 def _fold_prefix_posemb(tree: dict, pe: np.ndarray, n_prefix: int) -> np.ndarray:
-  """timm's default layout adds posemb slots to the cls / register tokens: add them to the
-  tokens (`cls`, `reg`) and return the patch-only posemb (big_vision's layout)."""
+  """timm's default layout adds posemb slots to the cls / dist / register tokens: add them to
+  the tokens (`cls`, `dist`, `reg`) and return the patch-only posemb (big_vision's layout)."""
   if not n_prefix or _is_square(pe.shape[1]) or not _is_square(pe.shape[1] - n_prefix):
     return pe
   i = 0
   if "cls" in tree:
     tree["cls"] = tree["cls"] + pe[:, :1].astype(tree["cls"].dtype)
     i = 1
+  if "dist" in tree:
+    tree["dist"] = tree["dist"] + pe[:, i:i + 1].astype(tree["dist"].dtype)
+    i += 1
   if "reg" in tree:
     tree["reg"] = tree["reg"] + pe[:, i:n_prefix].astype(tree["reg"].dtype)
   return pe[:, n_prefix:]
@@ -73,10 +77,6 @@ def vit(flat: Mapping[str, np.ndarray], num_heads: int, source: str = "timm chec
 
   `where`, if given, receives {flax path: timm key} for tl.check_tree. Any tensor the
   converter does not place raises a CheckpointError naming it."""
-  if "dist_token" in flat:
-    raise CheckpointError(
-        f"{source}: a distilled DeiT (has 'dist_token' / 'head_dist'); its two heads have no "
-        f"single classifier input. Use the non-distilled deit_*_patch16_* weights. {hint}".strip())
   flat = with_zero_qkv_bias(flat)
   get = tl.Tensors(flat, source, hint)
   where = {} if where is None else where
@@ -94,12 +94,14 @@ def vit(flat: Mapping[str, np.ndarray], num_heads: int, source: str = "timm chec
   tokens: dict = {}
   if "cls_token" in flat:
     tokens["cls"] = get("cls_token")
+  if "dist_token" in flat:
+    tokens["dist"] = get("dist_token")
   if "reg_token" in flat:
     tokens["reg"] = get("reg_token")
   n_prefix = sum(np.shape(t)[1] for t in tokens.values())
   pe = _fold_prefix_posemb(tokens, get("pos_embed"), n_prefix)
   put("pos_embedding", pe, "pos_embed")
-  for name, key in (("cls", "cls_token"), ("reg", "reg_token")):
+  for name, key in (("cls", "cls_token"), ("dist", "dist_token"), ("reg", "reg_token")):
     if name in tokens:
       put(name, tokens[name], key)
   for torch_name, path in _NORMS.items():
@@ -125,7 +127,13 @@ def vit(flat: Mapping[str, np.ndarray], num_heads: int, source: str = "timm chec
                        "Dense_1": tl.torch_dense(get("attn_pool.mlp.fc2.weight"),
                                                  get("attn_pool.mlp.fc2.bias"))}}
     paths.update({f"MAPHead_0/{k}": a for k, a in flatten(head).items()})
-  if "head.weight" in flat:
+  if "head_dist.weight" in flat:   # distilled DeiT: (head(cls) + head_dist(dist)) / 2
+    kernel = np.concatenate([tl.torch_dense(get("head.weight"))["kernel"],
+                             tl.torch_dense(get("head_dist.weight"))["kernel"]], axis=0)
+    put("head/kernel", kernel / 2, "head.weight")
+    put("head/bias", (np.asarray(get("head.bias")) + np.asarray(get("head_dist.bias"))) / 2,
+        "head.bias")
+  elif "head.weight" in flat:
     put("head/kernel", tl.torch_dense(get("head.weight"))["kernel"], "head.weight")
     put("head/bias", get("head.bias"), "head.bias")
   get.check_all_used(BLOCKS, "timm VisionTransformer")
