@@ -69,5 +69,28 @@ def test_errors(tmp_path):
                      match=r"'blocks\.0\.(norm1\.weight|mlp_tokens\.fc\d\.\w+)' is missing"):
     zoo.from_pretrained("timm/mixer_b16_224.goog_in21k_ft_in1k", path, num_classes=10,
                         width=32, depth=1, tokens_hidden=16, channels_hidden=128)
+  model = mlp_mixer.Model(10, variant="resmlp_12_224", width=32, depth=1)
+  init = jax.eval_shape(model.init, jax.random.PRNGKey(0), np.zeros((1, 160, 160, 3)))
+  with pytest.raises(checkpoints.CheckpointError, match=r"for 196 tokens \(a 14x14 .* 100 \(10x10\)"):
+    mlp_mixer.load(init["params"], path)
   with pytest.raises(ValueError, match="Unknown MLP-Mixer variant"):
     mlp_mixer.Model(variant="mixer_s16_224")
+
+
+def test_facebook_resmlp_names(tmp_path):
+  """Facebook's original ResMLP names (patch_embed, attn, mlp, gamma_*, affines of shape (D,))
+  load to the same params as timm's."""
+  import safetensors.torch
+  ref = _tiny_timm("resmlp_12_224", depth=1)
+  timm_path = save_state_dict(ref, tmp_path / "model.safetensors")
+  fb = {}
+  for k, v in ref.state_dict().items():
+    k = (k.replace("stem.", "patch_embed.").replace("linear_tokens.", "attn.")
+         .replace("mlp_channels.", "mlp.").replace(".ls", ".gamma_"))
+    fb[k] = (v.reshape(-1) if k.endswith((".alpha", ".beta")) else v).contiguous()
+  fb_path = str(tmp_path / "resmlp_fb.safetensors")
+  safetensors.torch.save_file(fb, fb_path)
+  model = mlp_mixer.Model(10, variant="resmlp_12_224", width=32, depth=1, channels_hidden=128)
+  init = jax.eval_shape(model.init, jax.random.PRNGKey(0), np.zeros((1, 224, 224, 3)))["params"]
+  want, got = mlp_mixer.load(init, timm_path), mlp_mixer.load(init, fb_path)
+  jax.tree.map(np.testing.assert_array_equal, got, want)

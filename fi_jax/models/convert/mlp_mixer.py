@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from fi_jax.models import _checkpoints as checkpoints
 from fi_jax.models.convert import keymap
 
 HINT = ("MLP-Mixer / ResMLP / gMLP weights: https://huggingface.co/timm/<model>.<tag> "
@@ -55,12 +56,40 @@ def _from_facebook(sd: Mapping[str, np.ndarray]) -> dict:
   return out
 
 
+# (flax path under blocks_0, timm key under blocks.0, axis of the token count in the torch weight)
+_TOKEN_WEIGHTS = (("mlp_tokens/fc1/kernel", "mlp_tokens.fc1.weight", 1),
+                  ("linear_tokens/kernel", "linear_tokens.weight", 1),
+                  ("mlp_channels/gate/proj/kernel", "mlp_channels.gate.proj.weight", 1))
+
+
+def _check_token_count(sd: Mapping[str, np.ndarray], init_params: Mapping[str, Any],
+                       file: str) -> None:
+  """The token-mixing weights fix the token count (input size / patch size, squared): a file
+  for another count is refused naming both grids."""
+  block = init_params.get("blocks_0", {})
+  for path, key, axis in _TOKEN_WEIGHTS:
+    node = block
+    for part in path.split("/"):
+      node = node.get(part, {}) if isinstance(node, Mapping) else {}
+    if f"blocks.0.{key}" not in sd or not hasattr(node, "shape"):
+      continue
+    have, want = np.shape(sd[f"blocks.0.{key}"])[axis], node.shape[0]
+    if have != want:
+      side = lambda n: f"{int(round(np.sqrt(n)))}x{int(round(np.sqrt(n)))}"
+      raise checkpoints.CheckpointError(
+          f"{file} (MLP-Mixer): the token-mixing weights are for {have} tokens (a {side(have)} "
+          f"patch grid), the model was initialised for {want} ({side(want)}): these models "
+          f"run only at the weights' input size; initialise it there (zoo `input_size`). "
+          f"{HINT}.")
+
+
 def convert(sd: Mapping[str, np.ndarray], init_params: Mapping[str, Any], *,
             file: str = "checkpoint") -> dict:
   """A timm mlp_mixer state dict -> params on `init_params`' tree (a model built without a
-  head drops the file's)."""
+  head drops the file's). A file for another token count is refused with both grids."""
   if "patch_embed.proj.weight" in sd:
     sd = _from_facebook(sd)
+  _check_token_count(sd, init_params, file)
   skip = () if "head" in init_params else ("head.weight", "head.bias")
   return keymap.apply(sd, key_map(init_params), init_params, source=f"{file} (MLP-Mixer)",
                       hint=HINT + ".", skip=skip)
