@@ -267,6 +267,8 @@ class _Model(nn.Module):
       x = Block(self.num_heads, self.mlp_hidden, self.fused_qkv, self.mlp, self.sub_norm,
                 self.qkv_bias, npt, self.layer_scale, name=f"blocks_{i}", **kw)(x, *tables[i])
     out = {"encoded": x}
+    if self.pool == "token" and not self.class_token:
+      raise ValueError("EVA pool='token' needs the class token (class_token=True).")
     if self.pool == "avg":
       x = layer_norm("fc_norm")(jnp.mean(x[:, npt:].astype(jnp.float32), 1))
     elif self.pool == "token":
@@ -294,34 +296,44 @@ ARCHS: dict[str, dict] = {
         ("tiny", 224), ("small", 224), ("base", 224), ("large", 224), ("tiny", 336),
         ("small", 336), ("base", 448), ("large", 448))}
 
-# NAVER's RoPE-ViT (timm `vit_*_patch16_rope*_224`, attn_type 'rope'): DeiT-III-like blocks
-# (GELU MLP 4x, layer scale, one qkv Dense with bias), class-token pooling after the final
-# norm; axial RoPE (temperature 100, 'xy' grid, no reference grid) or RoPE-Mixed (learned
-# frequencies, initialised with temperature 10); `_ape`: plus an absolute posemb on the patches.
-_NAVER = dict(patch_size=16, mlp="gelu", qkv_bias="qkv", layer_scale=True, pool="token",
-              rope_indexing="xy", ref_feat_shape=None)
-_NAVER_SIZES = {"small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16)}
-for _s, (_w, _d, _h) in _NAVER_SIZES.items():
-  for _kind, _rope in (("rope", dict(rope="cat", rope_temperature=100.)),
+
+def _rope_vit_archs() -> dict[str, dict]:
+  """NAVER's RoPE-ViT, timm's SBB RoPE ViTs and EVA-01 giant, as timm's model functions
+  configure them.
+
+  NAVER (`vit_*_patch16_rope*_224`, attn_type 'rope'): DeiT-III-like blocks (GELU MLP 4x,
+  layer scale, one qkv Dense with bias), class-token pooling after the final norm; axial RoPE
+  (temperature 100, 'xy' grid, no reference grid) or RoPE-Mixed (learned frequencies,
+  initialised with temperature 10); `_ape`: plus an absolute posemb on the patches.
+  SBB (`vit_*_patch16_rope_reg*_gap_256`): no class token, 1 or 4 register tokens, no absolute
+  posemb, EVA RoPE with the 16x16 reference grid, GELU MLP 4x, layer scale, q / v biases (none
+  for mediumd), mean of the patch tokens -> fc_norm.
+  EVA-01 giant (`eva_giant_patch14_*`): class token + posemb, GELU MLP (6144), q / v biases,
+  no RoPE, no layer scale, mean of the patch tokens -> fc_norm."""
+  out = {}
+  naver = dict(patch_size=16, mlp="gelu", qkv_bias="qkv", layer_scale=True, pool="token",
+               rope_indexing="xy", ref_feat_shape=None)
+  for size, (w, d, h) in {"small": (384, 12, 6), "base": (768, 12, 12),
+                          "large": (1024, 24, 16)}.items():
+    for kind, rope in (("rope", dict(rope="cat", rope_temperature=100.)),
                        ("rope_mixed", dict(rope="mixed", rope_temperature=10.))):
-    for _ape, _pos in (("", None), ("_ape", "patch")):
-      ARCHS[f"vit_{_s}_patch16_{_kind}{_ape}_224"] = dict(
-          width=_w, depth=_d, num_heads=_h, mlp_hidden=4 * _w, pos_embed=_pos, **_rope, **_NAVER)
-# timm's SBB RoPE ViTs (`vit_*_patch16_rope_reg*_gap_256`): no class token, 1 or 4 register
-# tokens, no absolute posemb, EVA RoPE with the 16x16 reference grid, GELU MLP 4x, layer
-# scale, q / v biases (none for mediumd), mean of the patch tokens -> fc_norm.
-_SBB = dict(patch_size=16, mlp="gelu", layer_scale=True, class_token=False, pos_embed=None,
-            ref_feat_shape=(16, 16))
-for _name, (_w, _d, _h, _reg, _bias) in {
-    "medium": (512, 12, 8, 1, "qv"), "mediumd": (512, 20, 8, 1, "none"),
-    "betwixt": (640, 12, 10, 4, "qv"), "base": (768, 12, 12, 1, "qv")}.items():
-  ARCHS[f"vit_{_name}_patch16_rope_reg{_reg}_gap_256"] = dict(
-      width=_w, depth=_d, num_heads=_h, mlp_hidden=4 * _w, num_reg=_reg, qkv_bias=_bias, **_SBB)
-# EVA-01 giant (timm `eva_giant_patch14_*`): class token + posemb, GELU MLP (6144), q / v
-# biases, no RoPE, no layer scale, mean of the patch tokens -> fc_norm.
-for _r in (224, 336, 560):
-  ARCHS[f"eva_giant_patch14_{_r}"] = dict(patch_size=14, width=1408, depth=40, num_heads=16,
-                                          mlp_hidden=6144, mlp="gelu", rope=None)
+      for ape, pos in (("", None), ("_ape", "patch")):
+        out[f"vit_{size}_patch16_{kind}{ape}_224"] = dict(
+            width=w, depth=d, num_heads=h, mlp_hidden=4 * w, pos_embed=pos, **rope, **naver)
+  sbb = dict(patch_size=16, mlp="gelu", layer_scale=True, class_token=False, pos_embed=None,
+             ref_feat_shape=(16, 16))
+  for name, (w, d, h, reg, bias) in {
+      "medium": (512, 12, 8, 1, "qv"), "mediumd": (512, 20, 8, 1, "none"),
+      "betwixt": (640, 12, 10, 4, "qv"), "base": (768, 12, 12, 1, "qv")}.items():
+    out[f"vit_{name}_patch16_rope_reg{reg}_gap_256"] = dict(
+        width=w, depth=d, num_heads=h, mlp_hidden=4 * w, num_reg=reg, qkv_bias=bias, **sbb)
+  for res in (224, 336, 560):
+    out[f"eva_giant_patch14_{res}"] = dict(patch_size=14, width=1408, depth=40, num_heads=16,
+                                           mlp_hidden=6144, mlp="gelu", rope=None)
+  return out
+
+
+ARCHS.update(_rope_vit_archs())
 
 _timm = pretrained.timm
 # timm's ImageNet classifiers (the mim_* tags without a head are the MIM encoders: not listed);
