@@ -75,3 +75,10 @@ def test_mixed_rope_tables_equal_timms():
   want_sin, want_cos = rope.get_embed().detach().chunk(2, -1)
   np.testing.assert_allclose(sin, want_sin.numpy(), atol=1e-6)
   np.testing.assert_allclose(cos, want_cos.numpy(), atol=1e-6)
+
+
+def test_token_pooling_needs_a_class_token():
+  model = eva.Model(10, variant="vit_medium_patch16_rope_reg1_gap_256", pool="token", **TINY,
+                    depth=1)
+  with pytest.raises(ValueError, match="pool='token' needs the class token"):
+    jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)))
