@@ -26,7 +26,8 @@ def _timm(variant, img, seed):
 
 
 def _init(model, res):
-  return jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, res, res, 3)))["params"]
+  h, w = (res, res) if isinstance(res, int) else res
+  return jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, h, w, 3)))["params"]
 
 
 @pytest.mark.parametrize("variant,res,suffix", [
@@ -57,14 +58,29 @@ def test_rope_table_equals_timm():
   np.testing.assert_allclose(cos, want_cos.numpy(), atol=1e-6)
 
 
+def test_pos_embed_resampled_as_timm_does(tmp_path):
+  """A file saved at a 4x4 grid loaded into a model initialised at 6x6: the posemb is resampled
+  as timm's `set_input_size` does (bicubic with antialias, class slot kept); RoPE regrids."""
+  ref = _timm("eva02_tiny_patch14_224", 56, seed=0)
+  path = save_state_dict(ref, tmp_path / "model.safetensors")
+  model = eva.Model(10, variant="eva02_tiny_patch14_224", **TINY)
+  params = eva.load(_init(model, 84), path)
+  ref.set_input_size(img_size=(84, 84))
+  x = np.random.default_rng(0).normal(size=(2, 84, 84, 3)).astype(np.float32)
+  logits, out = jax.jit(model.apply)({"params": params}, x)
+  with torch.no_grad():
+    want = ref(nchw(x)).numpy()
+  np.testing.assert_allclose(logits, want, atol=1e-4, rtol=0)
+
+
 def test_errors(tmp_path):
   ref = _timm("eva02_tiny_patch14_224", 56, seed=0)
   path = save_state_dict(ref, tmp_path / "model.safetensors")
-  with pytest.raises(checkpoints.CheckpointError, match=r"pos_embed .*4x4 patch grid.*6x6"):
-    eva.load(_init(eva.Model(10, variant="eva02_tiny_patch14_224", **TINY), 84), path)
+  with pytest.raises(checkpoints.CheckpointError, match=r"pos_embed \(1, 17, 32\) .* not both square"):
+    eva.load(_init(eva.Model(10, variant="eva02_tiny_patch14_224", **TINY), (56, 84)), path)
   with pytest.raises(checkpoints.CheckpointError, match=r"'blocks\.0\.attn\.k_proj\.weight' is missing"):
     eva.load(_init(eva.Model(10, variant="eva02_base_patch14_224", **TINY), 56), path)
-  with pytest.raises(ValueError, match="Unknown EVA-02 variant"):
+  with pytest.raises(ValueError, match="Unknown Eva variant"):
     eva.Model(variant="eva02_base_patch16_clip_224")
 
 
