@@ -201,3 +201,39 @@ def test_releases_and_variants():
   assert urls["official"].startswith("https://huggingface.co/facebook/PE-Core-L14-336")
   with pytest.raises(ValueError, match="Unknown PE-Core variant"):
     pe_core.Model("X/3")
+
+
+def test_zero_shot_predictor_matches_official(tmp_path):
+  """pe_core.predictor (CLIP's zero-shot protocol, tokens at the tower's context of 16 here):
+  logits = exp(t) * normalised image embedding . normalised mean class text embeddings, as the
+  official forward gives them; predict_out carries GL-MCM's local score."""
+  pytest.importorskip("fi_jax.detectors")
+  from fi_jax.models import _predictor
+  m = _official(True)
+  path = str(tmp_path / "PE-Core-tiny.pt")
+  torch.save(m.state_dict(), path)
+  model = _fi_model(True)
+  params = pe_core.load(_init(model), path)
+  names, templates = ["cat", "dog", "tench"], ["a photo of a {}.", "{}"]
+  config = {"zero_shot": dict(class_names=names, templates=templates, batch_size=4)}
+  img = np.random.RandomState(0).randn(2, RES, RES, 3).astype(np.float32)
+  tok = clip_tokenizer.Tokenizer(context_length=CTX)
+  with jax.default_matmul_precision("highest"):
+    predict, head = pe_core.predictor(model, params, config)
+    # the layers-capable variant (one compile; the plain `predict` is the same minus `out`)
+    logits, feats, out = jax.jit(_predictor.out_variant(predict))(params, img)
+  with torch.no_grad():
+    zi = torch.nn.functional.normalize(m.encode_image(_nchw(img)), dim=-1)
+    cls = []
+    for name in names:
+      zt = m.encode_text(torch.tensor(tok([t.format(name) for t in templates])).long())
+      zt = torch.nn.functional.normalize(zt, dim=-1).mean(0)
+      cls.append(zt / zt.norm())
+    want = (m.logit_scale.exp() * zi @ torch.stack(cls).T).numpy()
+  assert _max_diff(logits, want) < 1e-4
+  assert head.w.shape == (EMBED, len(names)) and np.all(np.asarray(head.b) == 0)
+  assert _max_diff(feats, zi.numpy()) < 1e-5
+  assert out["img/local"].shape == (2, 16, EMBED)
+  local = out["img/local_mcm"]
+  assert local.shape == (2,) and np.all(np.isfinite(local)) and np.all(local <= 0)
+  assert np.all(local >= -np.log(len(names)))    # log max softmax over 3 classes
