@@ -3,6 +3,8 @@ facebookresearch/perception_models @ 3e352cc with the official state-dict names)
 `vit_pe_core_*` (Eva) / open_clip's text transformer, on tiny random models saved in each real
 file format. Two input sizes: the RoPE grid and the resized posemb depend on it.
 """
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -237,3 +239,40 @@ def test_zero_shot_predictor_matches_official(tmp_path):
   local = out["img/local_mcm"]
   assert local.shape == (2,) and np.all(np.isfinite(local)) and np.all(local <= 0)
   assert np.all(local >= -np.log(len(names)))    # log max softmax over 3 classes
+
+
+def _release_cases():
+  """Every release with FI_JAX_PE_CORE_SHAPES=all (about a minute on 2 cores), else none: the
+  variant table was checked against all five (docs/models.md#pe-core)."""
+  return sorted(releases.PE_CORE_CHECKPOINTS) if os.environ.get("FI_JAX_PE_CORE_SHAPES") == "all" else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _release_cases())
+def test_release_variants_have_timm_and_open_clip_shapes(name):
+  """A release's Model (variant table) against its open_clip layout built on the meta device
+  (timm's vit_pe_core_* trunk, open_clip's TextTransformer from its PE-Core-* config): every
+  converted tensor has the model's shape, nothing is missing or extra (no weights, no download)."""
+  import json
+
+  timm = pytest.importorskip("timm")
+  open_clip = pytest.importorskip("open_clip")
+  from fi_jax.models._checkpoints import flatten
+  from fi_jax.models.convert import pe_core as convert
+  kw, res, open_clip_name, timm_name = releases.PE_CORE_CHECKPOINTS[name]
+  model = pe_core.Model(**kw, image_size=res)
+  shapes = {k: tuple(v.shape) for k, v in flatten(_init(model, res)).items()}
+  dims = pe_core.decode_variant(kw["variant"])
+  with open(os.path.join(open_clip.__path__[0], "model_configs", f"{open_clip_name}.json")) as f:
+    cfg = json.load(f)
+  with torch.device("meta"):
+    trunk = timm.create_model(timm_name.split(".")[0], pretrained=False, num_classes=dims["out_dim"])
+    text = open_clip.transformer.TextTransformer(output_dim=cfg["embed_dim"], **cfg["text_cfg"])
+  sd = {**{f"visual.trunk.{k}": v for k, v in trunk.state_dict().items()},
+        **{f"text.{k}": v for k, v in text.state_dict().items()}}
+  sd = {k: np.lib.stride_tricks.as_strided(np.zeros((), np.float32), tuple(v.shape),
+                                           (0,) * v.ndim) for k, v in sd.items()}
+  sd["logit_scale"] = np.zeros((), np.float32)
+  heads = {"img": dims["image"]["num_heads"], "txt": dims["text"]["num_heads"], "pool": 8}
+  got = {k: tuple(np.shape(v)) for k, v in convert.to_flat(sd, heads, name).items()}
+  assert got == shapes
