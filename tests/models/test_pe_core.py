@@ -242,8 +242,8 @@ def test_zero_shot_predictor_matches_official(tmp_path):
 
 
 def _release_cases():
-  """Every release with FI_JAX_PE_CORE_SHAPES=all (about a minute on 2 cores), else none: the
-  variant table was checked against all five (docs/models.md#pe-core)."""
+  """Every release with FI_JAX_PE_CORE_SHAPES=all, else none (tracing the large towers is too
+  slow for the suite; docs/models.md's PE-Core section)."""
   return sorted(releases.PE_CORE_CHECKPOINTS) if os.environ.get("FI_JAX_PE_CORE_SHAPES") == "all" else []
 
 
