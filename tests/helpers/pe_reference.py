@@ -140,7 +140,8 @@ class VisionTransformer(nn.Module):
     pos = F.interpolate(pos, size=(gh, gw), mode="bilinear", align_corners=False)
     return torch.cat([cls, pos.permute(0, 2, 3, 1).reshape(gh * gw, -1)])[None]
 
-  def forward(self, x):
+  def tokens(self, x):
+    """The ln_post'ed tokens (`forward_features(norm=True)`)."""
     b, _, h, w = x.shape
     gh, gw = h // self.patch_size, w // self.patch_size
     x = self.conv1(x).permute(0, 2, 3, 1).reshape(b, -1, self.width)
@@ -148,7 +149,10 @@ class VisionTransformer(nn.Module):
       x = torch.cat([self.class_embedding.view(1, 1, -1).expand(b, -1, -1), x], dim=1)
     x = self.ln_pre(x + self._posemb(gh, gw))
     x = self.transformer(x, freq=rope_freqs(gh, gw, self.width // self.heads, self.use_cls_token))
-    return self.attn_pool(self.ln_post(x)).squeeze(1) @ self.proj
+    return self.ln_post(x)
+
+  def forward(self, x):
+    return self.attn_pool(self.tokens(x)).squeeze(1) @ self.proj
 
 
 class CLIP(nn.Module):

@@ -175,20 +175,6 @@ def test_file_errors_name_key_and_download(tmp_path):
     pe_core.load(_init(model), path)
 
 
-def test_local_tokens_are_single_token_pools(tok):
-  """out["img/local"] (GL-MCM): patch p alone through the pooling head and proj; a 1x1-patch
-  image without class token has exactly one such token, whose local feature is the embedding."""
-  model = _fi_model(False, local=True)
-  params = jax.tree.map(lambda a: (0.1 * np.random.RandomState(0).randn(*a.shape)).astype(a.dtype),
-                        _init(model))
-  img = np.random.RandomState(2).randn(2, PATCH, PATCH, 3).astype(np.float32)
-  zimg, _, out = _apply(model, params, img)
-  assert out["img/local"].shape == (2, 1, EMBED)
-  np.testing.assert_allclose(out["img/local"][:, 0], out["img/logits"], atol=1e-5)
-  shapes = jax.eval_shape(lambda: model.apply({"params": params}, jnp.zeros((1, RES, RES, 3))))
-  assert shapes[2]["img/local"].shape == (1, 16, EMBED)
-
-
 def test_releases_and_variants():
   for name, (kw, res, _, _) in releases.PE_CORE_CHECKPOINTS.items():
     v = pe_core.decode_variant(kw["variant"])
@@ -208,7 +194,8 @@ def test_releases_and_variants():
 def test_zero_shot_predictor_matches_official(tmp_path):
   """pe_core.predictor (CLIP's zero-shot protocol, tokens at the tower's context of 16 here):
   logits = exp(t) * normalised image embedding . normalised mean class text embeddings, as the
-  official forward gives them; predict_out carries GL-MCM's local score."""
+  official forward gives them; predict_out carries GL-MCM's local features (each ln_post'ed
+  patch token through the official attention pooling alone, then proj) and local score."""
   pytest.importorskip("fi_jax.detectors")
   from fi_jax.models import _predictor
   m = _official(True)
@@ -235,7 +222,12 @@ def test_zero_shot_predictor_matches_official(tmp_path):
   assert _max_diff(logits, want) < 1e-4
   assert head.w.shape == (EMBED, len(names)) and np.all(np.asarray(head.b) == 0)
   assert _max_diff(feats, zi.numpy()) < 1e-5
+  with torch.no_grad():   # GL-MCM's local features: each patch token pooled alone, projected
+    tokens = m.visual.tokens(_nchw(img))[:, 1:]
+    single = m.visual.attn_pool(tokens.reshape(-1, 1, tokens.shape[-1]))
+    local_ref = (single.reshape(*tokens.shape) @ m.visual.proj).numpy()
   assert out["img/local"].shape == (2, 16, EMBED)
+  assert _max_diff(out["img/local"], local_ref) < 1e-4
   local = out["img/local_mcm"]
   assert local.shape == (2,) and np.all(np.isfinite(local)) and np.all(local <= 0)
   assert np.all(local >= -np.log(len(names)))    # log max softmax over 3 classes
