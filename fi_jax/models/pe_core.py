@@ -47,6 +47,7 @@ their preprocessing (squash resize to the input size, bilinear; mean = std = 0.5
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -328,11 +329,10 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = N
   """Loads a PE-Core checkpoint onto `init_params`: the official `PE-Core-*.pt` (a state
   dict, optionally under 'state_dict' / 'weights' / 'module.'), open_clip's
   `open_clip_model.safetensors` (`PE-Core-*`, both towers) or timm's `vit_pe_core_*`
-  `model.safetensors` (the vision tower only: the text tower and `t` then keep their init
-  values unless `dont_load` is used deliberately; the loader refuses a file without a text
-  tower for a model that has one, see `convert.pe_core.to_flat`). The position embedding keeps
-  the checkpoint's grid and is resized to each input's patch grid per call, as the official
-  code does."""
+  `model.safetensors` (the image tower only: refused unless `dont_load` keeps the text tower
+  and `t`, e.g. ("txt/.*", "t"), whose values then stay those of `init_params`). The position
+  embedding keeps the checkpoint's grid and is resized to each input's patch grid per call, as
+  the official code does."""
   del model_cfg   # shapes and head counts come from init_params
   init_params = jax.device_get(init_params)
   hint = releases.PE_CORE_DOWNLOAD_HINT
@@ -341,6 +341,12 @@ def load(init_params, init_file: str, model_cfg: Optional[Mapping[str, Any]] = N
            "txt": tl.num_heads(init_params["txt"]["Encoder_0"]),
            "pool": tl.num_heads(init_params["img"]["MAPHead_0"])}
   flat = convert.to_flat(sd, heads, init_file)
+  if not any(k.startswith("txt/") for k in flat) and not any(
+      re.fullmatch(p, "txt/Embed_0/embedding") for p in dont_load):
+    raise CheckpointError(
+        f"{init_file} holds the image tower only (timm's vit_pe_core_* layout): zero-shot needs "
+        f"the text tower too. Use the official PE-Core-*.pt or open_clip's file, or load the "
+        f"image tower alone with dont_load=('txt/.*', 't'). {hint}")
   if "img/pos_embedding" in flat:
     prefix = int("cls" in init_params["img"])
     init_params = _adopt_posemb(init_params, np.asarray(flat["img/pos_embedding"]), prefix,

@@ -158,6 +158,8 @@ def test_timm_and_open_clip_layout(tok, tmp_path):
   # timm's own file (vision only): the image tower, given the text tower from elsewhere
   timm_path = str(tmp_path / "model.safetensors")
   safetensors_torch.save_file({k: v.contiguous() for k, v in trunk.state_dict().items()}, timm_path)
+  with pytest.raises(checkpoints.CheckpointError, match="image tower only.*dont_load"):
+    pe_core.load(_init(model), timm_path)
   img_only = pe_core.load(_init(model), timm_path, dont_load=("txt/.*", "t"))
   assert _max_diff(img_only["img"]["head"]["kernel"], params["img"]["head"]["kernel"]) == 0
   with torch.no_grad():
