@@ -178,6 +178,10 @@ def test_file_errors_name_key_and_download(tmp_path):
   model = _fi_model(True)
   with pytest.raises(checkpoints.CheckpointError, match="visual.extra_thing.*huggingface.co/facebook"):
     pe_core.load(_init(model), path)
+  sd = {**m.state_dict(), "text_extra": torch.zeros(3)}
+  torch.save(sd, path)
+  with pytest.raises(checkpoints.CheckpointError, match="text_extra.*PE-Core.*huggingface.co/facebook"):
+    pe_core.load(_init(model), path)
   torch.save({"conv.weight": torch.zeros(2)}, path)
   with pytest.raises(checkpoints.CheckpointError, match="not a PE-Core checkpoint"):
     pe_core.load(_init(model), path)

@@ -25,7 +25,7 @@ from typing import Mapping
 import numpy as np
 
 from fi_jax.models._checkpoints import CheckpointError
-from fi_jax.models._releases import PE_CORE_DOWNLOAD_HINT
+from fi_jax.models._releases import CLIP_DOWNLOAD_HINT, PE_CORE_DOWNLOAD_HINT
 from fi_jax.models.convert import openclip
 from fi_jax.models.convert import torch_layers as tl
 
@@ -144,5 +144,9 @@ def to_flat(sd: Mapping[str, np.ndarray], heads: Mapping[str, int], source: str)
   t.check_all_used(block, "PE-Core vision tower")
   rest = {k: v for k, v in sd.items() if k not in set(vision_keys)}
   if rest:   # the text tower and logit_scale: CLIP's names (open_clip: under "text.")
-    flat.update(openclip.clip(rest, {"img": heads["img"], "txt": heads["txt"]}))
+    try:
+      flat.update(openclip.clip(rest, {"img": heads["img"], "txt": heads["txt"]}))
+    except CheckpointError as e:   # CLIP's converter names CLIP's downloads: name PE-Core's
+      raise CheckpointError(f"{source}: " + str(e).replace("the CLIP checkpoint", "the PE-Core "
+                            "checkpoint").replace(CLIP_DOWNLOAD_HINT, PE_CORE_DOWNLOAD_HINT)) from None
   return flat
