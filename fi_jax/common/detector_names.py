@@ -33,7 +33,8 @@ MODEL_FAMILIES: dict[str, tuple[str, ...]] = {
 # CSP; CLIP's local patch score: GL-MCM), by the model families that give it. Not enforced
 # (elsewhere they fail with one clear line); the configs list them only for these families.
 TWO_TOWER: dict[str, tuple[str, ...]] = {
-    "neglabel": ("clip", "two_towers"), "csp": ("clip", "two_towers"), "glmcm": ("clip",),
+    "neglabel": ("clip", "two_towers", "pe_core"), "csp": ("clip", "two_towers", "pe_core"),
+    "glmcm": ("clip", "pe_core"),
 }
 
 

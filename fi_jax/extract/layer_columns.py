@@ -36,7 +36,7 @@ from fi_jax.common import columns as columns_lib
 
 GRAM_POWERS = 10          # powers 1..10 (Sastry & Oore's default); detectors use a prefix
 PREFIX = columns_lib.LAYER
-FAMILIES = ("vit", "dinov2", "clip", "siglip (two_towers)", "big_vision ViT", "resnet",
+FAMILIES = ("vit", "dinov2", "clip", "siglip (two_towers)", "pe_core", "big_vision ViT", "resnet",
             "resnetv2", "regnet", "convnext", "swin", "efficientnet")
 
 

@@ -156,6 +156,40 @@ CLIP_DOWNLOAD_HINT = ("CLIP checkpoints are OpenCLIP state dicts (open_clip_mode
                       + " (all in fi_jax.models._releases.CLIP_CHECKPOINTS)")
 
 
+
+# ----------------------------------------------------------------------------- PE-Core
+# Perception Encoder PE-Core (facebookresearch/perception_models @ 3e352cc, core/vision_encoder/
+# config.py, transforms.py): the official eval transform is a squash resize of the PIL image to
+# (res, res), bilinear (Pillow antialiases when shrinking), then mean = std = 0.5.
+PE_CORE_PP = ("decode_pil|resize_torchvision(({res}, {res}), 'bilinear')|"
+              "normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))")
+# name: (pe_core.Model kwargs, input size, official file (Hugging Face facebook/<name>, file
+# <name>.pt), open_clip's copy (open_clip 3.3.0 pretrained.py, Hugging Face repo), timm's
+# vision tower (timm 1.0.31)).
+PE_CORE_CHECKPOINTS = {
+    "PE-Core-T16-384": (dict(variant="T/16"), 384, "PE-Core-T-16-384", "vit_pe_core_tiny_patch16_384.fb"),
+    "PE-Core-S16-384": (dict(variant="S/16"), 384, "PE-Core-S-16-384", "vit_pe_core_small_patch16_384.fb"),
+    "PE-Core-B16-224": (dict(variant="B/16"), 224, "PE-Core-B-16", "vit_pe_core_base_patch16_224.fb"),
+    "PE-Core-L14-336": (dict(variant="L/14"), 336, "PE-Core-L-14-336", "vit_pe_core_large_patch14_336.fb"),
+    "PE-Core-G14-448": (dict(variant="G/14"), 448, "PE-Core-bigG-14-448", "vit_pe_core_gigantic_patch14_448.fb"),
+}
+
+
+def pe_core_urls(name: str) -> dict[str, str]:
+  """{"official": ..., "open_clip": ..., "timm": ...} download pages of a PE-Core release."""
+  _, _, open_clip_name, timm_name = PE_CORE_CHECKPOINTS[name]
+  return {"official": _HF.format(f"facebook/{name}") + f" (file {name}.pt)",
+          "open_clip": _HF.format(f"timm/{open_clip_name}") + " (open_clip_model.safetensors)",
+          "timm": _HF.format(f"timm/{timm_name}") + " (model.safetensors, image tower only)"}
+
+
+PE_CORE_DOWNLOAD_HINT = (
+    "PE-Core checkpoints: the official https://huggingface.co/facebook/<name>/<name>.pt "
+    "(e.g. https://huggingface.co/facebook/PE-Core-B16-224, file PE-Core-B16-224.pt) or "
+    "open_clip's open_clip_model.safetensors (https://huggingface.co/timm/PE-Core-B-16); names: "
+    + ", ".join(PE_CORE_CHECKPOINTS) + " (fi_jax.models._releases.PE_CORE_CHECKPOINTS).")
+
+
 # ----------------------------------------------------------------------------- DINOv2
 # DINOv2's eval transform (transforms.py): Resize(256, bicubic) on PIL images (antialiased),
 # CenterCrop(224), ImageNet mean/std.

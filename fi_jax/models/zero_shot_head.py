@@ -268,8 +268,9 @@ def predictor(model, params: Mapping[str, Any], config, family: str) -> tuple[Ca
   only; default 1), and per family:
     "siglip": tokenizer (required: SentencePiece model path), tokenizer_kind ("siglip" |
       "siglip_i18n" | "siglip2"); templates default "clip_paper", canonicalize_text True.
-    "clip": vocab_path (CLIP BPE file; default: open_clip's copy); templates default OpenAI's
-      80, canonicalize_text False (CLIP's own protocol keeps prompts verbatim).
+    "clip" (CLIP, PE-Core): vocab_path (CLIP BPE file; default: open_clip's copy; texts are
+      tokenized to the text tower's context length); templates default OpenAI's 80,
+      canonicalize_text False (CLIP's own protocol keeps prompts verbatim).
   """
   zs = dict(config.get("zero_shot", None) or {})
   if family == "siglip":
@@ -281,7 +282,8 @@ def predictor(model, params: Mapping[str, Any], config, family: str) -> tuple[Ca
     templates = zs.pop("templates", None) or "clip_paper"
     precision = None
   elif family == "clip":
-    tok, pad = clip_tokenizer.Tokenizer(zs.pop("vocab_path", None)), "batch"
+    context = int(np.shape(params["txt"]["pos_embedding"])[1])   # CLIP 77, PE-Core 32 / 72
+    tok, pad = clip_tokenizer.Tokenizer(zs.pop("vocab_path", None), context_length=context), "batch"
     zs.setdefault("canonicalize_text", False)
     templates = zs.pop("templates", None) or openai_templates()
     precision = jax.lax.Precision.HIGHEST

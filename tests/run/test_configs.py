@@ -8,7 +8,8 @@ from fi_jax.data import preprocess
 from fi_jax.run import benchmark as run
 from fi_jax.run import model as run_model
 
-CONFIGS = ["demo", "vit", "siglip2", "clip", "dinov2", "torchvision", "timm", "clip_demo"]
+CONFIGS = ["demo", "vit", "siglip2", "clip", "dinov2", "torchvision", "timm", "clip_demo",
+           "pe_core"]
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -30,6 +31,13 @@ def test_zero_shot_detectors_only_for_two_tower_configs():
   assert "glmcm" not in siglip2.get_config("layer_detectors").detectors
   assert not zero_shot & set(vit.get_config("layer_detectors").detectors)
   assert zero_shot <= set(clip_demo.get_config().detectors)
+  from configs import pe_core
+  assert zero_shot <= set(pe_core.get_config("layer_detectors").detectors)
+  c = pe_core.get_config("name=PE-Core-G14-448,res=224")
+  assert (c.model.variant, c.model.image_size, tuple(c.init_shape)) == ("G/14", 224, (1, 224, 224, 3))
+  assert c.pp.startswith("decode_pil|resize_torchvision((224, 224), 'bilinear')")
+  with pytest.raises(ValueError, match="Unknown PE-Core release.*huggingface.co/facebook"):
+    pe_core.get_config("name=PE-Core-X")
 
 
 def test_config_args_and_errors():
