@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from fi_jax.extract import layer_columns
 from fi_jax.models import densenet, zoo
 from fi_jax.models._checkpoints import CheckpointError
 from tests.helpers.torch_reference import perturb_scaled
@@ -46,7 +47,7 @@ def test_matches_timm(tmp_path, name):
   logits, out = jax.jit(model.apply)({"params": params}, x)
   np.testing.assert_allclose(out["pre_logits"], want_pre, atol=1e-4, rtol=0)
   np.testing.assert_allclose(logits, want, atol=1e-4, rtol=0)
-  from fi_jax.extract import layer_columns   # the layer detectors read stem / stage maps
+  # the layer detectors read the stage maps
   assert list(layer_columns.blocks(out)) == ["stem", "stage0", "stage1", "stage2", "stage3"]
 
 

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from fi_jax.extract import layer_columns
 from fi_jax.models import vgg, zoo
 from fi_jax.models._checkpoints import CheckpointError
 from tests.helpers.torch_reference import perturb_scaled
@@ -54,7 +55,7 @@ def test_vgg_bn_matches_timm(tmp_path):
     logits, out = apply({"params": params}, x)
     np.testing.assert_allclose(out["pre_logits"], want_pre, atol=1e-4, rtol=0, err_msg=res)
     np.testing.assert_allclose(logits, want, atol=1e-4, rtol=0, err_msg=res)
-  from fi_jax.extract import layer_columns   # the layer detectors read the stage maps
+  # the layer detectors read the stage maps
   assert list(layer_columns.blocks(out)) == [f"stage{i}" for i in range(5)]
   # a file without BatchNorm does not fit the _bn model: named by its key
   sd = {k: v for k, v in ref.state_dict().items() if not k.startswith("features.1.")}
