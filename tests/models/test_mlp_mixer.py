@@ -1,6 +1,6 @@
 """fi_jax.models.mlp_mixer vs timm's MlpMixer: tiny random timm models of each block kind
 (MLP-Mixer, gMixer's SiLU-gated MLPs, ResMLP's affine norms + token Linear + layer scale, gMLP's
-spatial gating unit), width 32, depth 2, the real structure otherwise, saved as safetensors /
+spatial gating unit), width 32, depth 1, the real structure otherwise, saved as safetensors /
 .pth, loaded through `zoo.from_pretrained` and compared on logits and pre-logits."""
 import jax
 import numpy as np
@@ -46,10 +46,10 @@ def _tiny_timm(variant, depth, seed=1):
     ("gmlp_s16_224.ra3_in1k", "gmlp.pth")])
 def test_matches_timm(tmp_path, name, suffix):
   variant = name.split(".")[0]
-  ref = _tiny_timm(variant, depth=2)
+  ref = _tiny_timm(variant, depth=1)
   path = save_state_dict(ref, tmp_path / suffix)
   arch = mlp_mixer.ARCHS[variant]
-  tiny = dict(width=32, depth=2, tokens_hidden=int(arch["tokens_hidden"] / arch["width"] * 32),
+  tiny = dict(width=32, depth=1, tokens_hidden=int(arch["tokens_hidden"] / arch["width"] * 32),
               channels_hidden=int(arch["channels_hidden"] / arch["width"] * 32))
   model, params, info = zoo.from_pretrained(f"timm/{name}", path, num_classes=10, **tiny)
   x = np.random.default_rng(0).normal(size=(2, 224, 224, 3)).astype(np.float32)
