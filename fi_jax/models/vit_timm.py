@@ -18,6 +18,9 @@ One Flax module covers (timm 1.0, `timm/models/vision_transformer*.py`):
 - `vision_transformer_hybrid`: a ResNetV2 backbone (non-pre-activation bottlenecks,
   weight-standardised convs with TF-"SAME" padding, GroupNorm(32)) or only its stem, then a
   `patch_size` conv to the embedding (`vit_*_r*_s*`), followed by timm's standard ViT.
+- BEiT-3's image classifiers as timm ships them (`beit3_*`: remapped to a VisionTransformer
+  with LayerNorms before the attention's output projection and before the MLP's fc2,
+  `scale_norm`), and timm's small `test_vit` / `test_vit2` (ImageNet-1k weights at 160 px).
 
 Parameters carry timm's names (module path with '/' for '.', `blocks_3` for `blocks.3`;
 Linear/Conv `weight` -> `kernel`, norm `weight` -> `scale`; `gamma`, `lambda_q1`,
@@ -76,14 +79,18 @@ class RmsNorm(nn.Module):
 
 
 class Mlp(nn.Module):
-  """timm Mlp: fc1 -> activation -> fc2."""
+  """timm Mlp: fc1 -> activation -> (LayerNorm `norm` if scale_norm) -> fc2."""
   hidden: int
   out: Optional[int] = None
   act: Any = functools.partial(nn.gelu, approximate=False)
+  scale_norm: bool = False
+  ln_eps: float = 1e-6
 
   @nn.compact
   def __call__(self, x):
     y = self.act(_dense(self.hidden, "fc1")(x))
+    if self.scale_norm:
+      y = _layernorm("norm", self.ln_eps)(y)
     return _dense(self.out or x.shape[-1], "fc2")(y)
 
 
@@ -150,13 +157,16 @@ def diff_attention(module: nn.Module, q, k, v, num_heads: int, block_index: int)
 
 
 class Attention(nn.Module):
-  """timm Attention / RelPosAttention / DiffAttention (`qkv`, `proj`, optional `rel_pos`)."""
+  """timm Attention / RelPosAttention / DiffAttention (`qkv`, `proj`, optional `rel_pos`;
+  `scale_norm`: a LayerNorm `norm` before `proj`)."""
   num_heads: int
   qkv_bias: bool = True
   kind: str = "plain"
   rel_pos_dim: int = 128
   prefix_tokens: int = 0
   block_index: int = 0
+  scale_norm: bool = False
+  ln_eps: float = 1e-6
 
   @nn.compact
   def __call__(self, x, grid, shared_bias=None):
@@ -172,6 +182,8 @@ class Attention(nn.Module):
                          name="rel_pos")(grid)
       y = _softmax_attention(heads(q), heads(k), heads(v), bias)
       y = y.transpose(0, 2, 1, 3).reshape(b, n, d)
+    if self.scale_norm:
+      y = _layernorm("norm", self.ln_eps)(y)
     return _dense(d, "proj")(y)
 
 
@@ -189,14 +201,16 @@ class Block(nn.Module):
   prefix_tokens: int = 0
   block_index: int = 0
   ln_eps: float = 1e-6
+  scale_norm: bool = False    # BEiT-3's sub-LN: LayerNorms inside the attention and the MLP
 
   @nn.compact
   def __call__(self, x, grid, shared_bias=None):
     if self.kind in ("parallel", "diff_parallel"):
       return self._parallel(x)
     attn = Attention(self.num_heads, self.qkv_bias, self.attn, self.rel_pos_dim,
-                     self.prefix_tokens, self.block_index, name="attn")
-    mlp = Mlp(self.mlp_dim, name="mlp")
+                     self.prefix_tokens, self.block_index, self.scale_norm, self.ln_eps,
+                     name="attn")
+    mlp = Mlp(self.mlp_dim, scale_norm=self.scale_norm, ln_eps=self.ln_eps, name="mlp")
     if self.kind == "respost":
       x = x + _layernorm("norm1", self.ln_eps)(attn(x, grid, shared_bias))
       return x + _layernorm("norm2", self.ln_eps)(mlp(x))
@@ -353,7 +367,8 @@ class VisionTransformer(nn.Module):
   the pooled feature instead of the tokens (`norm`); `block` in BLOCKS, `attn` in ATTENTIONS;
   `layerscale`: LayerScale on the residual branches (not in 'respost' blocks);
   `hybrid_layers`: None for the patch conv, else the ResNetV2 stages (() = its stem only)
-  in front of a `patch_size` conv."""
+  in front of a `patch_size` conv; `scale_norm`: LayerNorms before the attention's output
+  projection and the MLP's fc2 (BEiT-3); `ln_eps`: of every LayerNorm."""
   num_classes: Optional[int] = 1000
   patch_size: int = 16
   width: int = 768
@@ -376,6 +391,7 @@ class VisionTransformer(nn.Module):
   hybrid_channels: Sequence[int] = (256, 512, 1024, 2048)
   hybrid_stem_width: int = 64
   ln_eps: float = 1e-6
+  scale_norm: bool = False
 
   @nn.compact
   def __call__(self, images, *, train: bool = False):
@@ -412,7 +428,7 @@ class VisionTransformer(nn.Module):
       shared = RelPosMlp(self.num_heads, self.rel_pos_dim, n_prefix, name="shared_rel_pos")(grid)
     for i in range(self.depth):
       x = Block(self.num_heads, self.mlp_dim, self.block, self.attn, self.qkv_bias,
-                self.layerscale, self.rel_pos_dim, n_prefix, i, self.ln_eps,
+                self.layerscale, self.rel_pos_dim, n_prefix, i, self.ln_eps, self.scale_norm,
                 name=f"blocks_{i}")(x, grid, shared)
     if not self.fc_norm:
       x = _layernorm("norm", self.ln_eps)(x)
@@ -493,6 +509,14 @@ for _size in (224, 384):
   ARCHS[f"vit_large_r50_s32_{_size}"] = _vit(1024, 24, 16, patch=1,
                                              hybrid_layers=(3, 4, 6, 3), **_HYBRID)
 ARCHS["vit_base_r50_s16_384"] = _vit(768, 12, 12, patch=1, hybrid_layers=(3, 4, 9), **_HYBRID)
+# BEiT-3's image classifiers as timm remaps them (timm's _convert_beit3: branch A of the
+# multiway blocks, fused qkv): sub-LN, class token with posemb, GAP + fc_norm, eps 1e-5
+_BEIT3 = dict(scale_norm=True, class_token=True, fc_norm=True, ln_eps=1e-5)
+ARCHS["beit3_base_patch16_224"] = _vit(768, 12, 12, **_BEIT3)
+ARCHS["beit3_large_patch16_224"] = _vit(1024, 24, 16, **_BEIT3)
+# timm's small test ViTs with ImageNet weights (r160): class token; a register with a posemb
+ARCHS["test_vit"] = _vit(64, 6, 2, 3, class_token=True, global_pool="token")
+ARCHS["test_vit2"] = _vit(64, 8, 2, 3, reg_tokens=1, layerscale=True, fc_norm=True)
 
 # every timm tag of these architectures (eval transforms from timm's pretrained_cfg).
 PRETRAINED: dict[str, dict] = pretrained.timm_tags(list(ARCHS))

@@ -92,12 +92,14 @@ VIT = [
     ("vit_dwee_patch16_reg1_gap_256", "safetensors"),
     ("vit_pwee_patch16_reg1_gap_256", "pth"),
     ("vit_dpwee_patch16_reg1_gap_256", "safetensors"),
+    ("beit3_base_patch16_224", "pth"),
+    ("test_vit2", "safetensors"),
 ]
 
 
 @pytest.mark.parametrize("name,ext", VIT, ids=[v[0] for v in VIT])
 def test_vision_transformer_block_variants_equal_timm(tmp_path, name, ext):
-  size = 256 if name.endswith("256") else 224
+  size = zoo.resolve(f"timm/{name}")["input_size"]
   ref = _timm(name, patch_size=32)
   model, params = _load_arch(tmp_path, name, ref, ext, patch_size=32)
   _check(model, params, ref, (size, size))
