@@ -40,7 +40,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.models import _blocks as blocks
 from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import resnet as convert_resnet
@@ -239,6 +238,16 @@ class Block(nn.Module):
 
 # ----------------------------------------------------------------------------- hybrid stem
 
+def same_pads(hw: Sequence[int], kernel: int, stride: int) -> tuple[tuple[int, int], ...]:
+  """TF "SAME" padding of an (h, w) input (timm's pad_same): the total max((ceil(n/s) - 1)·s
+  + k - n, 0), its smaller half before."""
+  out = []
+  for n in hw:
+    total = max((-(-n // stride) - 1) * stride + kernel - n, 0)
+    out.append((total // 2, total - total // 2))
+  return tuple(out)
+
+
 class StdConvSame(nn.Module):
   """timm StdConv2dSame: the kernel standardised per output filter (biased variance, eps),
   TF-"SAME" padding computed from the input size, no bias."""
@@ -255,7 +264,7 @@ class StdConvSame(nn.Module):
     mean = jnp.mean(w, axis=(0, 1, 2), keepdims=True)
     var = jnp.mean(jnp.square(w - mean), axis=(0, 1, 2), keepdims=True)
     w = (w - mean) * jax.lax.rsqrt(var + self.eps)
-    pads = blocks._pads(x.shape[1:3], (k, k), (self.stride, self.stride), "SAME")
+    pads = same_pads(x.shape[1:3], k, self.stride)
     return jax.lax.conv_general_dilated(x, w, (self.stride, self.stride), pads,
                                         dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                         precision=HIGHEST)
@@ -281,7 +290,7 @@ class GroupNorm(nn.Module):
 
 def _max_pool_same(x):
   """timm MaxPool2dSame(3, 2): TF-"SAME" padding with -inf."""
-  pads = blocks._pads(x.shape[1:3], (3, 3), (2, 2), "SAME")
+  pads = same_pads(x.shape[1:3], 3, 2)
   return nn.max_pool(x, (3, 3), strides=(2, 2), padding=pads)
 
 

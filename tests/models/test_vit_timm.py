@@ -15,7 +15,11 @@ from fi_jax.models import vit_timm, zoo
 from fi_jax.models._checkpoints import CheckpointError
 from tests.helpers.torch_reference import nchw, randomize_params, save_state_dict
 
-TINY = dict(embed_dim=32, depth=2, num_heads=2)
+TINY = dict(embed_dim=32, depth=1, num_heads=2)
+# two blocks where a block differs from the first: the differential attention's λ_init
+# depends on the block index; the shared relpos bias is computed once for every block
+TWO_BLOCKS = ("vit_srelpos_small_patch16_224", "vit_dwee_patch16_reg1_gap_256",
+              "vit_dpwee_patch16_reg1_gap_256")
 
 
 def _is_scale(name, p):
@@ -23,13 +27,18 @@ def _is_scale(name, p):
   return name.endswith("weight") and p.ndim == 1 and "norm" in name
 
 
+def _depth(name):
+  return 2 if name in TWO_BLOCKS else TINY["depth"]
+
+
 def _timm(name, seed=0, **kw):
   return randomize_params(timm.create_model(name, pretrained=False, num_classes=10,
-                                            **{**TINY, **kw}), seed, is_scale=_is_scale)
+                                            **{**TINY, "depth": _depth(name), **kw}),
+                          seed, is_scale=_is_scale)
 
 
-def _images(hw, seed=0):
-  return np.random.default_rng(seed).uniform(-1, 1, (2, *hw, 3)).astype(np.float32)
+def _images(hw, batch=2, seed=0):
+  return np.random.default_rng(seed).uniform(-1, 1, (batch, *hw, 3)).astype(np.float32)
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,8 +46,8 @@ def _jit(model):
   return jax.jit(model.apply)
 
 
-def _check(model, params, ref, hw):
-  x = _images(hw)
+def _check(model, params, ref, hw, batch=2):
+  x = _images(hw, batch)
   with torch.no_grad():
     feats = ref.forward_features(nchw(x))
     want_pre = ref.forward_head(feats, pre_logits=True).numpy()
@@ -57,7 +66,7 @@ def _mlp_dim(name):
 # so those run at two sizes (one non-square) from one file.
 RELPOS = [
     ("vit_relpos_medium_patch16_224", "safetensors", [(64, 64), (48, 80)]),
-    ("vit_srelpos_small_patch16_224", "pth", [(64, 64), (80, 48)]),
+    ("vit_srelpos_small_patch16_224", "pth", [(80, 48)]),
     ("vit_relpos_medium_patch16_cls_224", "pth", [(48, 80)]),
     ("vit_relpos_base_patch32_plus_rpn_256", "safetensors", [(96, 64)]),
 ]
@@ -78,7 +87,7 @@ def test_relpos_vits_equal_timm_at_two_input_sizes(tmp_path, name, ext, sizes):
 def _load_arch(tmp_path, name, ref, ext, **overrides):
   path = save_state_dict(ref, tmp_path / f"model.{ext}")
   tag = next(n for n in zoo.names() if n.startswith(f"timm/{name}."))
-  kw = dict(width=TINY["embed_dim"], depth=TINY["depth"], num_heads=TINY["num_heads"],
+  kw = dict(width=TINY["embed_dim"], depth=_depth(name), num_heads=TINY["num_heads"],
             mlp_dim=_mlp_dim(name), **overrides)
   model, params, info = zoo.from_pretrained(tag, path, num_classes=10, **kw)
   assert info["family"] == "vit_timm"
@@ -110,19 +119,23 @@ def test_hybrid_resnet_stem_vit_equals_timm(tmp_path):
   name = "vit_tiny_r_s16_p8_224"
   ref = _timm(name)
   model, params = _load_arch(tmp_path, name, ref, "safetensors")
-  _check(model, params, ref, (224, 224))
+  _check(model, params, ref, (224, 224), batch=1)
 
 
 def test_hybrid_resnet_stages_vit_equals_timm(tmp_path):
   """vit_small_r26_s32's structure with two ResNetV2 stages (timm's own `_resnetv2` helper:
   non-pre-activation bottlenecks, StdConv2dSame, GroupNorm) and a 4x4 patch conv."""
   from timm.layers import HybridEmbed
+  from timm.models.vision_transformer import VisionTransformer
   from timm.models.vision_transformer_hybrid import _resnetv2
   name = "vit_small_r26_s32_224"
-  ref = _timm(name, patch_size=4,
-              embed_layer=functools.partial(HybridEmbed, backbone=_resnetv2(layers=(1, 1))))
+  # what timm's vit_small_r26_s32_224 builds, with two one-block stages
+  ref = randomize_params(VisionTransformer(
+      img_size=224, patch_size=4, num_classes=10, **TINY,
+      embed_layer=functools.partial(HybridEmbed, backbone=_resnetv2(layers=(1, 1)))),
+      is_scale=_is_scale)
   model, params = _load_arch(tmp_path, name, ref, "pth", patch_size=4, hybrid_layers=(1, 1))
-  _check(model, params, ref, (224, 224))
+  _check(model, params, ref, (224, 224), batch=1)
 
 
 def test_a_file_of_another_structure_names_the_key(tmp_path):
