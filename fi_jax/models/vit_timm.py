@@ -20,7 +20,8 @@ One Flax module covers (timm 1.0, `timm/models/vision_transformer*.py`):
   `patch_size` conv to the embedding (`vit_*_r*_s*`), followed by timm's standard ViT.
 - BEiT-3's image classifiers as timm ships them (`beit3_*`: remapped to a VisionTransformer
   with LayerNorms before the attention's output projection and before the MLP's fc2,
-  `scale_norm`), and timm's small `test_vit` / `test_vit2` (ImageNet-1k weights at 160 px).
+  `scale_norm`), and timm's small `test_vit*` models (ImageNet-1k weights at 160 px;
+  `test_vit3` pools with timm's AttentionPoolLatent over all tokens).
 
 Parameters carry timm's names (module path with '/' for '.', `blocks_3` for `blocks.3`;
 Linear/Conv `weight` -> `kernel`, norm `weight` -> `scale`; `gamma`, `lambda_q1`,
@@ -236,6 +237,26 @@ class Block(nn.Module):
     return x + (LayerScale(name="ls")(y) if self.layerscale else y)
 
 
+class AttentionPoolLatent(nn.Module):
+  """timm AttentionPoolLatent (one latent query, `global_pool="map"`): multi-head attention
+  of `latent` (through `q`) over the tokens (`kv`), `proj`, then + mlp(norm(·)); [B, D]."""
+  num_heads: int
+  mlp_dim: int
+  ln_eps: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x):
+    b, n, d = x.shape
+    latent = self.param("latent", nn.initializers.normal(d ** -0.5), (1, 1, d), jnp.float32)
+    heads = lambda t: t.reshape(b, t.shape[1], self.num_heads, -1).transpose(0, 2, 1, 3)
+    q = _dense(d, "q")(jnp.broadcast_to(latent, (b, 1, d)))
+    k, v = jnp.split(_dense(2 * d, "kv")(x), 2, axis=-1)
+    y = _softmax_attention(heads(q), heads(k), heads(v)).transpose(0, 2, 1, 3).reshape(b, 1, d)
+    y = _dense(d, "proj")(y)
+    y = y + Mlp(self.mlp_dim, name="mlp")(_layernorm("norm", self.ln_eps)(y))
+    return y[:, 0]
+
+
 # ----------------------------------------------------------------------------- hybrid stem
 
 def same_pads(hw: Sequence[int], kernel: int, stride: int) -> tuple[tuple[int, int], ...]:
@@ -372,7 +393,8 @@ class VisionTransformer(nn.Module):
 
   `pos_embed`: a learned absolute posemb (`pos_embed`, covering the prefix tokens unless
   `no_embed_class`); `class_token` / `reg_tokens`: prefix tokens; `global_pool` 'avg' (the
-  mean of the patch tokens) or 'token' (the class token); `fc_norm`: the final LayerNorm on
+  mean of the patch tokens), 'token' (the class token) or 'map' (`attn_pool`, over the patch
+  tokens, or every token with `pool_include_prefix`); `fc_norm`: the final LayerNorm on
   the pooled feature instead of the tokens (`norm`); `block` in BLOCKS, `attn` in ATTENTIONS;
   `layerscale`: LayerScale on the residual branches (not in 'respost' blocks);
   `hybrid_layers`: None for the patch conv, else the ResNetV2 stages (() = its stem only)
@@ -401,6 +423,7 @@ class VisionTransformer(nn.Module):
   hybrid_stem_width: int = 64
   ln_eps: float = 1e-6
   scale_norm: bool = False
+  pool_include_prefix: bool = False
 
   @nn.compact
   def __call__(self, images, *, train: bool = False):
@@ -408,8 +431,8 @@ class VisionTransformer(nn.Module):
     if self.block not in BLOCKS or self.attn not in ATTENTIONS:
       raise ValueError(f"block must be one of {BLOCKS} and attn one of {ATTENTIONS}, got "
                        f"{self.block!r}, {self.attn!r}.")
-    if self.global_pool not in ("avg", "token"):
-      raise ValueError(f"global_pool must be 'avg' or 'token', got {self.global_pool!r}.")
+    if self.global_pool not in ("avg", "token", "map"):
+      raise ValueError(f"global_pool must be 'avg', 'token' or 'map', got {self.global_pool!r}.")
     out = {}
     x = jnp.asarray(images, jnp.float32)
     x, grid = PatchEmbed(self.width, self.patch_size, self.hybrid_layers, self.hybrid_channels,
@@ -442,7 +465,13 @@ class VisionTransformer(nn.Module):
     if not self.fc_norm:
       x = _layernorm("norm", self.ln_eps)(x)
     out["encoded"] = x
-    x = jnp.mean(x[:, n_prefix:], axis=1) if self.global_pool == "avg" else x[:, 0]
+    if self.global_pool == "map":
+      tokens = x if self.pool_include_prefix else x[:, n_prefix:]
+      x = AttentionPoolLatent(self.num_heads, self.mlp_dim, self.ln_eps, name="attn_pool")(tokens)
+    elif self.global_pool == "avg":
+      x = jnp.mean(x[:, n_prefix:], axis=1)
+    else:
+      x = x[:, 0]
     if self.fc_norm:
       x = _layernorm("fc_norm", self.ln_eps)(x)
     out["pre_logits"] = x
@@ -526,6 +555,8 @@ ARCHS["beit3_large_patch16_224"] = _vit(1024, 24, 16, **_BEIT3)
 # timm's small test ViTs with ImageNet weights (r160): class token; a register with a posemb
 ARCHS["test_vit"] = _vit(64, 6, 2, 3, class_token=True, global_pool="token")
 ARCHS["test_vit2"] = _vit(64, 8, 2, 3, reg_tokens=1, layerscale=True, fc_norm=True)
+ARCHS["test_vit3"] = _vit(96, 9, 3, 2, reg_tokens=1, layerscale=True, global_pool="map",
+                          pool_include_prefix=True)
 
 # every timm tag of these architectures (eval transforms from timm's pretrained_cfg).
 PRETRAINED: dict[str, dict] = pretrained.timm_tags(list(ARCHS))

@@ -103,6 +103,7 @@ VIT = [
     ("vit_dpwee_patch16_reg1_gap_256", "safetensors"),
     ("beit3_base_patch16_224", "pth"),
     ("test_vit2", "safetensors"),
+    ("test_vit3", "pth"),
 ]
 
 

@@ -4,7 +4,7 @@ The Flax module keeps timm's names, so the map is mechanical: the module path `a
 `a/b_3/c` (`blocks.3` -> `blocks_3`, `stages.1.blocks.0` -> `stages_1/blocks_0`); the leaf as
 in convert.resnet.torch_leaf (Linear / Conv `weight` -> `kernel`, transposed; a 1-D norm
 `weight` -> `scale`; `bias`), and the raw parameters (`gamma`, `lambda_q1`, `mlp_bias`,
-`cls_token`, `reg_token`, `pos_embed`) under their own names.
+`cls_token`, `reg_token`, `pos_embed`, the attention pool's `latent`) under their own names.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from fi_jax.models._checkpoints import CheckpointError
 from fi_jax.models.convert import resnet as convert_resnet
 
 RAW_LEAVES = ("gamma", "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2", "mlp_bias",
-              "cls_token", "reg_token", "pos_embed")
+              "cls_token", "reg_token", "pos_embed", "latent")
 
 
 def flax_module(module: str) -> str:
