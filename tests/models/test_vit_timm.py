@@ -1,9 +1,12 @@
 """fi_jax.models.vit_timm against timm: relative-position ViTs (per-block and shared
-log-coordinate MLP bias, class token, residual post-norm), the residual-post-norm / differential
-/ parallel ViTs of vision_transformer.py and the ResNetV2 hybrids, each a randomly initialised
-timm model of tiny width with the real structure, saved by torch (.pth or .safetensors) and
-loaded through zoo.from_pretrained; logits and pre-logits within 1e-4."""
+log-coordinate MLP bias, class token, residual post-norm) at two input sizes, the residual
+post-norm / differential / parallel ViTs of vision_transformer.py, BEiT-3, timm's test ViTs
+(register with posemb, attention-pool head) and the ResNetV2 hybrids: each a randomly
+initialised timm model of tiny width with the real structure, saved by torch (.pth or
+.safetensors) and loaded through zoo.from_pretrained; logits and pre-logits within 1e-4.
+Opt-in (FI_JAX_VIT_TIMM_ALL=1): every architecture at full width against timm in float64."""
 import functools
+import os
 
 import jax
 import numpy as np
@@ -145,3 +148,31 @@ def test_a_file_of_another_structure_names_the_key(tmp_path):
   ref = _timm("vit_relpos_medium_patch16_224", img_size=64)
   with pytest.raises(CheckpointError, match=r"rel_pos\.mlp"):
     _load_arch(tmp_path, "vit_srelpos_medium_patch16_224", ref, "pth")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("FI_JAX_VIT_TIMM_ALL"),
+                    reason="opt-in (minutes): FI_JAX_VIT_TIMM_ALL=1 compares every vit_timm "
+                           "architecture at full width with timm")
+@pytest.mark.parametrize("name", sorted(vit_timm.ARCHS))
+def test_every_architecture_at_full_width_equals_timm(tmp_path, name):
+  """Each ARCHS entry with two blocks and otherwise timm's own configuration (widths, eps,
+  pooling, block kind, biases, hybrid backbone) at its tag's input size: the fields the
+  parameter shapes do not show (LayerNorm eps, pooling, pre- vs post-norm) included. Against
+  timm in float64: within 1e-4, or twice timm's own float32 error where that is larger (the
+  R26 / R50 backbones accumulate ~1e-4 in float32, in torch as in JAX)."""
+  info = zoo.resolve(f"timm/{name}")
+  size = info["input_size"]
+  ref = randomize_params(timm.create_model(name, pretrained=False, num_classes=10, depth=2),
+                         is_scale=_is_scale)
+  path = save_state_dict(ref, tmp_path / "model.safetensors")
+  model, params, _ = zoo.from_pretrained(info["name"], path, num_classes=10, depth=2)
+  x = _images((size, size), batch=1)
+  with torch.no_grad():
+    want32 = ref.forward_head(ref.forward_features(nchw(x)), pre_logits=True).numpy()
+    ref.double()
+    want = ref.forward_head(ref.forward_features(nchw(x, torch.float64)),
+                            pre_logits=True).numpy()
+  _, out = _jit(model)({"params": params}, x)
+  tol = max(1e-4, 2 * float(np.abs(want32 - want).max()))
+  np.testing.assert_allclose(np.asarray(out["pre_logits"]), want, atol=tol, rtol=0)
