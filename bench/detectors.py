@@ -651,6 +651,7 @@ def main():
 def run_bench(args, ap, t0, fit, test, head, n_fit, n_test):
   if args.zero_shot:
     zero_shot_bench(args, t0)
+    print(f"wall time of the whole bench: {time.perf_counter() - t0:.0f} s")
     return
   names = args.detectors.split(",") if args.detectors else [
       n for n in detectors.names() if detectors.REGISTRY[n].needs <= FEATURE_LOGIT
@@ -818,7 +819,6 @@ def zero_shot_bench(args, t0):
     t_ours = t_fit + t_score
     print(f"{name:10s} {t_fit:7.2f} {t_score:8.2f} {t_ours:9.2f} {t_ref:8.2f} "
           f"{t_ref / t_ours:7.2f} {rel_err(scores, want):11.2e}", flush=True)
-  print(f"wall time of the whole bench: {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":
