@@ -26,8 +26,9 @@ dtype and blocks the detector uses (inputs prepared outside the timing), timed i
 reference (and that it equals part 1's scores); target KNN >= 1.0x faiss-cpu; the third-wave
 detectors (ora, cfood, grood) >= 1x their references. Then the zero-shot section below
 (`--no-zero-shot` leaves it out; `--no-reference` stops after part 1).
-The bench unsets OPENBLAS_CORETYPE before numpy loads OpenBLAS and prints the kernel in use and
-the host's load average.
+The bench unsets OPENBLAS_CORETYPE (`--coretype NAME` sets it: faiss-cpu's OpenBLAS falls back to
+its slow generic Prescott kernel on a CPU it does not recognise) before numpy loads OpenBLAS, and
+prints the kernels in use and the host's load average.
 
     python bench/detectors.py --zero-shot     # NegLabel, CSP, GL-MCM vs their numpy references
 
@@ -47,7 +48,10 @@ import sys
 import time
 
 # numpy's and faiss's OpenBLAS read this when they load: unset, they pick the CPU's own kernel
+# (--coretype NAME sets it instead, for an OpenBLAS that does not recognise the CPU)
 _CORETYPE_GIVEN = os.environ.pop("OPENBLAS_CORETYPE", None)
+if "--coretype" in sys.argv[:-1]:
+  os.environ["OPENBLAS_CORETYPE"] = sys.argv[sys.argv.index("--coretype") + 1]
 
 import numpy as np  # noqa: E402
 import threadpoolctl  # noqa: E402
@@ -613,6 +617,8 @@ def main():
                   help="fraction of the zero-shot bank's 90,228 labels (and 14,448 adjectives)")
   ap.add_argument("--warm", action="store_true",
                   help="part 1a: run the suite a second time, compiled (compilation excluded)")
+  ap.add_argument("--coretype", default=None,
+                  help="set OPENBLAS_CORETYPE (e.g. SkylakeX) when an OpenBLAS falls back to Prescott")
   ap.add_argument("--quick", action="store_true",
                   help="a 2-core host's scale: --scale 0.04096 (4096 fit / 2048 test rows) "
                   "--bank-scale 0.25 --warm")
@@ -624,12 +630,12 @@ def main():
   fit, test, head = make_data(n_fit, n_test, args.dim, args.classes)
   blas = sorted({f"{os.path.basename(i['filepath']).split('-')[0]}: {i.get('architecture')}"
                  for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"})
-  print(f"BLAS kernels: {blas} (OPENBLAS_CORETYPE unset by the bench; it was "
-        f"{_CORETYPE_GIVEN!r}); host load average {os.getloadavg()[0]:.1f} on "
+  print(f"BLAS kernels: {blas} (OPENBLAS_CORETYPE {args.coretype or 'unset'} by the bench; it "
+        f"was {_CORETYPE_GIVEN!r}); host load average {os.getloadavg()[0]:.1f} on "
         f"{os.cpu_count()} CPUs")
   if any(b.endswith("Prescott") for b in blas):
     print("  warning: an OpenBLAS fell back to its generic Prescott kernel (it did not recognise "
-          "the CPU): the BLAS-bound references (faiss) run slowly; set OPENBLAS_CORETYPE to the "
+          "the CPU): the BLAS-bound references (faiss) run slowly; give --coretype with the "
           "CPU's kernel (e.g. SkylakeX, Haswell) for a fair comparison")
   print(f"data: fit {fit.features.shape}, test {test.features.shape}, C={args.classes} "
         f"({time.perf_counter() - t0:.1f} s); jax {jax.__version__} on {jax.devices()[0].platform}"
@@ -645,6 +651,7 @@ def main():
 def run_bench(args, ap, t0, fit, test, head, n_fit, n_test):
   if args.zero_shot:
     zero_shot_bench(args, t0)
+    print(f"wall time of the whole bench: {time.perf_counter() - t0:.0f} s")
     return
   names = args.detectors.split(",") if args.detectors else [
       n for n in detectors.names() if detectors.REGISTRY[n].needs <= FEATURE_LOGIT
@@ -812,7 +819,6 @@ def zero_shot_bench(args, t0):
     t_ours = t_fit + t_score
     print(f"{name:10s} {t_fit:7.2f} {t_score:8.2f} {t_ours:9.2f} {t_ref:8.2f} "
           f"{t_ref / t_ours:7.2f} {rel_err(scores, want):11.2e}", flush=True)
-  print(f"wall time of the whole bench: {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":
