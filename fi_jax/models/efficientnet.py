@@ -27,10 +27,12 @@ from typing import Any, Mapping, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fi_jax.data import preprocess
 from fi_jax.models import _blocks
 from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import _efficientnet_defs as defs
 from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import efficientnet as convert
 from fi_jax.models.convert import readers
@@ -192,6 +194,10 @@ def _archs() -> dict[str, dict]:
   for i, (w, dm) in enumerate(_B_SCALES[:4]):
     archs[f"timm/tf_efficientnetv2_b{i}"] = {**timm_arch("efficientnetv2_base", w, dm, tf=True),
                                              "source": "timm"}
+  # the rest of timm's arch-def built models (MnasNet, MobileNet V1-V4, MixNet, Lite, EdgeTPU,
+  # FBNet, LCNet, TinyNet, ...): fi_jax.models._efficientnet_defs
+  for name in defs.GENERATORS:
+    archs[f"timm/{name}"] = {**defs.timm_model_arch(name), "source": "timm"}
   return archs
 
 
@@ -249,47 +255,94 @@ PRETRAINED: dict[str, dict] = {
 
 # ----------------------------------------------------------------------------- modules
 
-def conv_bn(x, features: int, kernel: int = 1, stride: int = 1, groups: int = 1,
-            act: bool = True, *, conv_name: str, bn_name: str, bn_eps: float = 1e-5,
-            same_pad: bool = False, dtype: Any = jnp.float32,
-            precision: Any = jax.lax.Precision.HIGHEST):
-  """Conv (no bias) -> BatchNorm -> optional SiLU, as sibling params `conv_name`, `bn_name` of
-  the calling module; `groups=-1` makes the conv depthwise."""
+_ACTS = {"relu": nn.relu, "relu6": nn.relu6, "silu": nn.silu, "hard_swish": nn.hard_swish,
+         "hard_sigmoid": nn.hard_sigmoid, "sigmoid": nn.sigmoid,
+         "gelu": lambda x: nn.gelu(x, approximate=False)}
+
+
+def activation(x, act):
+  """`act`: a name of `_ACTS` (torch's definitions: hard_swish = x * relu6(x + 3) / 6, gelu
+  exact), True for SiLU, or None / False for none."""
+  if act is True:
+    return nn.silu(x)
+  if not act:
+    return x
+  if act not in _ACTS:
+    raise ValueError(f"Unknown activation {act!r}; known: {sorted(_ACTS)}.")
+  return _ACTS[act](x)
+
+
+def _split(n: int, parts: int) -> list[int]:
+  """timm MixedConv2d's channel split: equal parts, the remainder to the first."""
+  split = [n // parts] * parts
+  split[0] += n - sum(split)
+  return split
+
+
+def conv(x, features: int, kernel, stride: int = 1, groups: int = 1, *, name: str,
+         same_pad: bool = False, bias: bool = False, dtype: Any = jnp.float32,
+         precision: Any = jax.lax.Precision.HIGHEST):
+  """A timm `create_conv2d` conv as param `name` of the calling module. `groups=-1`:
+  depthwise. A tuple `kernel` is timm's MixedConv2d: input and output channels split into
+  len(kernel) parts (`_split`), part i convolved with kernel[i] (depthwise or dense) as param
+  `<name>_<i>`, the results concatenated. Padding: TensorFlow "SAME" for the tf_ ports, else
+  PyTorch's symmetric ((stride - 1) + (kernel - 1)) // 2."""
+  if isinstance(kernel, (tuple, list)):
+    ins, outs = _split(x.shape[-1], len(kernel)), _split(features, len(kernel))
+    parts = jnp.split(x, list(np.cumsum(ins)[:-1]), axis=-1)
+    return jnp.concatenate([
+        conv(p, o, k, stride, groups, name=f"{name}_{i}", same_pad=same_pad, bias=bias,
+             dtype=dtype, precision=precision)
+        for i, (p, o, k) in enumerate(zip(parts, outs, kernel))], axis=-1)
   if same_pad:     # TensorFlow SAME: lax puts total // 2 before, the rest after (as TF)
     pad = "SAME"
-  else:            # PyTorch: symmetric (k - 1) // 2
-    p = (kernel - 1) // 2
+  else:
+    p = ((stride - 1) + (kernel - 1)) // 2
     pad = ((p, p), (p, p))
   if groups == -1 and features == x.shape[-1]:   # depthwise: fast on XLA:CPU too
-    x = _blocks.DepthwiseConv((kernel, kernel), (stride, stride), pad, use_bias=False,
-                              dtype=dtype, precision=precision, name=conv_name)(x)
-  else:
-    x = nn.Conv(features, (kernel, kernel), (stride, stride), pad,
-                feature_group_count=x.shape[-1] if groups == -1 else groups, use_bias=False,
-                dtype=dtype, param_dtype=jnp.float32, precision=precision, name=conv_name)(x)
+    return _blocks.DepthwiseConv((kernel, kernel), (stride, stride), pad, use_bias=bias,
+                                 dtype=dtype, precision=precision, name=name)(x)
+  return nn.Conv(features, (kernel, kernel), (stride, stride), pad,
+                 feature_group_count=x.shape[-1] if groups == -1 else groups, use_bias=bias,
+                 dtype=dtype, param_dtype=jnp.float32, precision=precision, name=name)(x)
+
+
+def conv_bn(x, features: int, kernel=1, stride: int = 1, groups: int = 1,
+            act: Any = True, *, conv_name: str, bn_name: str, bn_eps: float = 1e-5,
+            same_pad: bool = False, dtype: Any = jnp.float32,
+            precision: Any = jax.lax.Precision.HIGHEST):
+  """`conv` (no bias) -> BatchNorm -> `activation(act)` (True: SiLU), as sibling params
+  `conv_name`, `bn_name` of the calling module."""
+  x = conv(x, features, kernel, stride, groups, name=conv_name, same_pad=same_pad, dtype=dtype,
+           precision=precision)
   x = _blocks.BatchNorm(bn_eps, name=bn_name)(x)
-  return nn.silu(x) if act else x
+  return activation(x, act)
 
 
 class SqueezeExcite(nn.Module):
-  """x * sigmoid(conv_expand(silu(conv_reduce(mean_hw(x)))))."""
+  """x * gate(conv_expand(act(conv_reduce(mean_hw(x))))) (timm's defaults: SiLU, sigmoid)."""
   reduced: int
   dtype: Any = jnp.float32
   precision: Any = jax.lax.Precision.HIGHEST
+  act: str = "silu"
+  gate: str = "sigmoid"
 
   @nn.compact
   def __call__(self, x):
     conv = lambda c, name: nn.Conv(c, (1, 1), dtype=self.dtype, param_dtype=jnp.float32,
                                    precision=self.precision, name=name)
     s = jnp.mean(x.astype(jnp.float32), axis=(1, 2), keepdims=True).astype(x.dtype)
-    s = conv(x.shape[-1], "conv_expand")(nn.silu(conv(self.reduced, "conv_reduce")(s)))
-    return x * nn.sigmoid(s)
+    s = conv(x.shape[-1], "conv_expand")(activation(conv(self.reduced, "conv_reduce")(s),
+                                                    self.act))
+    return x * activation(s, self.gate)
 
 
 class MBBlock(nn.Module):
-  """One 'ds' / 'ir' / 'er' / 'cn' block (see the module docstring); parameter names as timm."""
+  """One block of timm's vocabulary (see the module docstring and
+  `fi_jax.models._efficientnet_defs` for `opts`); parameter names as timm's, with a dotted
+  sub-layer path joined by '_' (timm `conv_dw.0` -> `conv_dw_0`, `pw_exp.bn` -> `pw_exp_bn`)."""
   kind: str
-  kernel: int
+  kernel: Any
   stride: int
   mid: int
   out: int
@@ -299,34 +352,91 @@ class MBBlock(nn.Module):
   same_pad: bool = False
   dtype: Any = jnp.float32
   precision: Any = jax.lax.Precision.HIGHEST
+  act: str = "silu"
+  se_gate: str = "sigmoid"
+  se_act: Optional[str] = None
+  opts: tuple = ()
 
   @nn.compact
   def __call__(self, x):
+    o = dict(self.opts)
+    act = o.get("act", self.act)
     kw = dict(bn_eps=self.bn_eps, same_pad=self.same_pad, dtype=self.dtype,
               precision=self.precision)
-    se = lambda y: (SqueezeExcite(self.se, self.dtype, self.precision, name="se")(y)
-                    if self.se else y)
-    k, s = self.kernel, self.stride
+    se = lambda y: (SqueezeExcite(self.se, self.dtype, self.precision, self.se_act or act,
+                                  self.se_gate, name="se")(y) if self.se else y)
+    k, s, kind = self.kernel, self.stride, self.kind
+    groups = o.get("groups", -1 if kind in ("ds", "ir", "uir") else 1)
+    exp_k, pw_k = o.get("exp_k", 1), o.get("pw_k", 1)
     y = x
-    if self.kind == "ds":
-      y = conv_bn(y, self.mid, k, s, -1, conv_name="conv_dw", bn_name="bn1", **kw)
-      y = conv_bn(se(y), self.out, act=False, conv_name="conv_pw", bn_name="bn2", **kw)
-    elif self.kind == "ir":
-      y = conv_bn(y, self.mid, conv_name="conv_pw", bn_name="bn1", **kw)
-      y = conv_bn(y, self.mid, k, s, -1, conv_name="conv_dw", bn_name="bn2", **kw)
-      y = conv_bn(se(y), self.out, act=False, conv_name="conv_pwl", bn_name="bn3", **kw)
-    elif self.kind == "er":
-      y = conv_bn(y, self.mid, k, s, conv_name="conv_exp", bn_name="bn1", **kw)
-      y = conv_bn(se(y), self.out, act=False, conv_name="conv_pwl", bn_name="bn2", **kw)
-    elif self.kind == "cn":
-      y = conv_bn(y, self.out, k, s, conv_name="conv", bn_name="bn1", **kw)
+    if kind == "ds":
+      y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_dw", bn_name="bn1", **kw)
+      y = conv_bn(se(y), self.out, pw_k, act=o.get("pw_act", False) and act,
+                  conv_name="conv_pw", bn_name="bn2", **kw)
+    elif kind == "ir":
+      y = conv_bn(y, self.mid, exp_k, act=act, conv_name="conv_pw", bn_name="bn1", **kw)
+      y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_dw", bn_name="bn2", **kw)
+      y = conv_bn(se(y), self.out, pw_k, act=False, conv_name="conv_pwl", bn_name="bn3", **kw)
+    elif kind == "er":
+      y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_exp", bn_name="bn1", **kw)
+      y = conv_bn(se(y), self.out, pw_k, act=False, conv_name="conv_pwl", bn_name="bn2", **kw)
+    elif kind == "cn":
+      y = conv_bn(y, self.out, k, s, groups, act, conv_name="conv", bn_name="bn1", **kw)
+    elif kind == "uir":   # timm UniversalInvertedResidual (MobileNetV4)
+      k0, k1 = o.get("k_start", 0), o.get("k_end", 0)
+      if k0:
+        y = conv_bn(y, y.shape[-1], k0, 1 if k else s, groups, False,
+                    conv_name="dw_start_conv", bn_name="dw_start_bn", **kw)
+      y = conv_bn(y, self.mid, 1, act=act, conv_name="pw_exp_conv", bn_name="pw_exp_bn", **kw)
+      if k:
+        y = conv_bn(y, self.mid, k, s, groups, act, conv_name="dw_mid_conv",
+                    bn_name="dw_mid_bn", **kw)
+      y = conv_bn(y, self.out, 1, act=False, conv_name="pw_proj_conv", bn_name="pw_proj_bn",
+                  **kw)
+      if k1:
+        y = conv_bn(y, self.out, k1, 1 if k0 or k else s, groups, False,
+                    conv_name="dw_end_conv", bn_name="dw_end_bn", **kw)
+    elif kind == "mqa":   # timm MobileAttention with MultiQueryAttention2d (MobileNetV4)
+      y = _blocks.BatchNorm(self.bn_eps, name="norm")(y)
+      y = self._mqa(y, o, k)
     else:
-      raise ValueError(f"Unknown EfficientNet block kind {self.kind!r}; use ds, ir, er or cn.")
+      raise ValueError(f"Unknown EfficientNet block kind {kind!r}; use ds, ir, er, cn, uir "
+                       "or mqa.")
+    if o.get("layer_scale"):
+      y = y * self.param("layer_scale", nn.initializers.ones, (self.out,), jnp.float32
+                         ).astype(y.dtype)
     return y + x if self.residual else y
+
+  def _mqa(self, x, o, k):
+    """Multi-query attention over all positions: per-head queries, one shared key and value
+    head (optionally from a depthwise-strided copy of the input), timm's channel order."""
+    cv = lambda y, c, name: conv(y, c, 1, name=name, dtype=self.dtype, precision=self.precision)
+    heads, dk, stride = o["heads"], o["key_dim"], o.get("kv_stride", 1)
+    b, h, w, _ = x.shape
+
+    def kv(name):
+      y = x
+      if stride > 1:
+        y = conv(y, y.shape[-1], k, stride, -1, name=f"attn_{name}_down_conv",
+                 same_pad=self.same_pad, dtype=self.dtype, precision=self.precision)
+        y = _blocks.BatchNorm(self.bn_eps, name=f"attn_{name}_norm")(y)
+      y = cv(y, dk, f"attn_{name}_proj")
+      return y.reshape(b, -1, dk).astype(jnp.float32)
+
+    q = cv(x, heads * dk, "attn_query_proj").reshape(b, h * w, heads, dk).astype(jnp.float32)
+    keys, values = kv("key"), kv("value")
+    logits = jnp.einsum("blhd,bpd->bhlp", q * dk ** -0.5, keys, precision=self.precision)
+    attn = jax.nn.softmax(logits, axis=-1)
+    y = jnp.einsum("bhlp,bpd->blhd", attn, values, precision=self.precision)
+    y = y.reshape(b, h, w, heads * dk).astype(x.dtype)
+    return cv(y, self.out, "attn_output_proj")
 
 
 class _Model(nn.Module):
-  """EfficientNet / EfficientNetV2 trunk + pooled linear head (see the module docstring)."""
+  """Stem, stages of `MBBlock`s and a head (see the module docstring). `head`: "conv" (timm
+  EfficientNet, torchvision: conv-BN-act, then pooling), "pool_conv" (timm MobileNetV3: pooling,
+  then a 1x1 conv (+bias) and the activation) or "pool_conv_bn" (MobileNetV4: pooling, conv,
+  BN, activation); `head_chs` 0 / None: no head conv."""
   num_classes: Optional[int] = 1000
   stem_chs: int = 32
   stages: Sequence[Sequence[Block]] = ()
@@ -335,6 +445,12 @@ class _Model(nn.Module):
   same_pad: bool = False
   dtype: str = "float32"
   precision: Any = jax.lax.Precision.HIGHEST
+  act: str = "silu"
+  stem_kernel: int = 3
+  head: str = "conv"
+  head_bias: bool = True
+  se_gate: str = "sigmoid"
+  se_act: Optional[str] = None
 
   @nn.compact
   def __call__(self, images, train: bool = False):
@@ -343,18 +459,33 @@ class _Model(nn.Module):
     kw = dict(bn_eps=self.bn_eps, same_pad=self.same_pad, dtype=dtype, precision=self.precision)
     out = {}
     x = jnp.asarray(images, jnp.float32).astype(dtype)
-    x = out["stem"] = conv_bn(x, self.stem_chs, 3, 2, conv_name="stem_conv", bn_name="stem_bn",
-                              **kw)
+    x = out["stem"] = conv_bn(x, self.stem_chs, self.stem_kernel, 2, act=self.act,
+                              conv_name="stem_conv", bn_name="stem_bn", **kw)
     for i, stage in enumerate(self.stages):
-      for j, (kind, k, s, cin, mid, cout, se, res) in enumerate(stage):
+      for j, (kind, k, s, cin, mid, cout, se, res, *opts) in enumerate(stage):
         if x.shape[-1] != cin:
           raise ValueError(f"Block {i}.{j} expects {cin} input channels, got {x.shape[-1]}.")
-        x = MBBlock(kind, k, s, mid, cout, se, res, name=f"blocks_{i}_{j}", **kw)(x)
+        x = MBBlock(kind, k, s, mid, cout, se, res, act=self.act, se_gate=self.se_gate,
+                    se_act=self.se_act, opts=opts[0] if opts else (), name=f"blocks_{i}_{j}",
+                    **kw)(x)
       out[f"stage{i}"] = x
-    if self.head_chs:
-      x = conv_bn(x, self.head_chs, conv_name="head_conv", bn_name="head_bn", **kw)
+    if self.head not in ("conv", "pool_conv", "pool_conv_bn"):
+      raise ValueError(f"Unknown head {self.head!r}; use conv, pool_conv or pool_conv_bn.")
+    if self.head_chs and self.head == "conv":
+      x = conv_bn(x, self.head_chs, act=self.act, conv_name="head_conv", bn_name="head_bn",
+                  **kw)
     out["features"] = x
-    x = out["pre_logits"] = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+    x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+    if self.head_chs and self.head != "conv":
+      y = x.astype(dtype)[:, None, None, :]
+      if self.head == "pool_conv":
+        y = conv(y, self.head_chs, 1, name="head_conv", bias=self.head_bias, dtype=dtype,
+                 precision=self.precision)
+      else:
+        y = _blocks.BatchNorm(self.bn_eps, name="head_norm")(
+            conv(y, self.head_chs, 1, name="head_conv", dtype=dtype, precision=self.precision))
+      x = activation(y, self.act)[:, 0, 0, :].astype(jnp.float32)
+    out["pre_logits"] = x
     if self.num_classes:
       x = nn.Dense(self.num_classes, dtype=dtype, param_dtype=jnp.float32,
                    precision=self.precision, name="head")(x.astype(dtype))
