@@ -203,7 +203,7 @@ def build(cfg: dict) -> dict:
               head_chs=cfg["features"], head=head, head_bias=cfg.get("head_bias", True),
               act=act, se_gate=cfg.get("se_gate", "sigmoid"), se_act=cfg.get("se_act"),
               bn_eps=1e-3 if cfg.get("tf") or cfg.get("bn_tf") else 1e-5,
-              same_pad=bool(cfg.get("tf")))
+              same_pad=bool(cfg.get("tf")), aa=cfg.get("aa"))
 
 
 # ----------------------------------------------------------------------------- generators
@@ -476,8 +476,8 @@ _MNV4_CONV = {
 }
 
 
-def _mobilenet_v4(variant: str = "conv_small", cm=1.0):
-  """timm `_gen_mobilenet_v4` (anti-aliased variants are not ported)."""
+def _mobilenet_v4(variant: str = "conv_small", cm=1.0, aa=None):
+  """timm `_gen_mobilenet_v4`; `aa`: anti-aliased downsampling ("avg", "blurpc")."""
   if variant == "hybrid_medium":
     arch, stem, act, ls = _MNV4_HYBRID_MEDIUM, 32, "relu", True
   elif variant == "hybrid_large":
@@ -485,7 +485,7 @@ def _mobilenet_v4(variant: str = "conv_small", cm=1.0):
   else:
     (arch, stem), act, ls = _MNV4_CONV[variant.split("_")[1]], "relu", False
   return dict(_MNV4, arch=arch, stem=stem, fix_stem=cm < 1.0, round=(cm, 8, 0.9), act=act,
-              layer_scale=ls)
+              layer_scale=ls, aa=aa)
 
 
 _E = _efficientnet_edge
@@ -545,6 +545,9 @@ GENERATORS: dict[str, tuple] = {
     **{f"mobilenetv4_{v}": (_mobilenet_v4, dict(variant=v), False) for v in (
         "conv_small", "conv_medium", "conv_large", "hybrid_medium", "hybrid_large")},
     "mobilenetv4_conv_small_050": (_mobilenet_v4, dict(variant="conv_small", cm=0.5), False),
+    "mobilenetv4_conv_aa_large": (_mobilenet_v4, dict(variant="conv_large", aa="avg"), False),
+    "mobilenetv4_conv_blur_medium": (_mobilenet_v4, dict(variant="conv_medium", aa="blurpc"),
+                                     False),
     **{f"lcnet_{n}": (_lcnet, dict(cm=cm), False) for n, cm in (("050", 0.5), ("075", 0.75),
                                                                 ("100", 1.0))},
 }

@@ -307,16 +307,33 @@ def conv(x, features: int, kernel, stride: int = 1, groups: int = 1, *, name: st
                  dtype=dtype, param_dtype=jnp.float32, precision=precision, name=name)(x)
 
 
+def anti_alias(x, kind: str, stride: int):
+  """timm's anti-aliased downsampling after a strided conv's norm and activation (the conv
+  then runs at stride 1): "avg" AvgPool2d(stride), "blurpc" BlurPool2d (binomial 3x3 filter,
+  zero padding 1, depthwise, strided)."""
+  if kind == "avg":
+    return nn.avg_pool(x, (stride, stride), strides=(stride, stride))
+  if kind == "blurpc":
+    f = np.array([1.0, 2.0, 1.0]) / 4
+    kernel = jnp.broadcast_to(jnp.asarray(np.outer(f, f), jnp.float32)[:, :, None, None],
+                              (3, 3, 1, x.shape[-1]))
+    y = _blocks.shifted_depthwise(x, kernel, (stride, stride), ((1, 1), (1, 1)))
+    return y.astype(x.dtype)
+  raise ValueError(f"Unknown anti-aliasing {kind!r}; use 'avg' or 'blurpc'.")
+
+
 def conv_bn(x, features: int, kernel=1, stride: int = 1, groups: int = 1,
             act: Any = True, *, conv_name: str, bn_name: str, bn_eps: float = 1e-5,
-            same_pad: bool = False, dtype: Any = jnp.float32,
+            same_pad: bool = False, aa: Optional[str] = None, dtype: Any = jnp.float32,
             precision: Any = jax.lax.Precision.HIGHEST):
   """`conv` (no bias) -> BatchNorm -> `activation(act)` (True: SiLU), as sibling params
-  `conv_name`, `bn_name` of the calling module."""
-  x = conv(x, features, kernel, stride, groups, name=conv_name, same_pad=same_pad, dtype=dtype,
-           precision=precision)
-  x = _blocks.BatchNorm(bn_eps, name=bn_name)(x)
-  return activation(x, act)
+  `conv_name`, `bn_name` of the calling module; with `aa` a strided conv runs at stride 1 and
+  `anti_alias` downsamples after the activation."""
+  use_aa = aa is not None and stride > 1
+  x = conv(x, features, kernel, 1 if use_aa else stride, groups, name=conv_name,
+           same_pad=same_pad, dtype=dtype, precision=precision)
+  x = activation(_blocks.BatchNorm(bn_eps, name=bn_name)(x), act)
+  return anti_alias(x, aa, stride) if use_aa else x
 
 
 class SqueezeExcite(nn.Module):
@@ -356,6 +373,7 @@ class MBBlock(nn.Module):
   se_gate: str = "sigmoid"
   se_act: Optional[str] = None
   opts: tuple = ()
+  aa: Optional[str] = None
 
   @nn.compact
   def __call__(self, x):
@@ -366,31 +384,33 @@ class MBBlock(nn.Module):
     se = lambda y: (SqueezeExcite(self.se, self.dtype, self.precision, self.se_act or act,
                                   self.se_gate, name="se")(y) if self.se else y)
     k, s, kind = self.kernel, self.stride, self.kind
+    aa = dict(aa=self.aa)   # timm passes its aa_layer to a block's strided spatial conv
     groups = o.get("groups", -1 if kind in ("ds", "ir", "uir") else 1)
     exp_k, pw_k = o.get("exp_k", 1), o.get("pw_k", 1)
     y = x
     if kind == "ds":
-      y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_dw", bn_name="bn1", **kw)
+      y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_dw", bn_name="bn1", **aa, **kw)
       y = conv_bn(se(y), self.out, pw_k, act=o.get("pw_act", False) and act,
                   conv_name="conv_pw", bn_name="bn2", **kw)
     elif kind == "ir":
       y = conv_bn(y, self.mid, exp_k, act=act, conv_name="conv_pw", bn_name="bn1", **kw)
-      y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_dw", bn_name="bn2", **kw)
+      y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_dw", bn_name="bn2", **aa, **kw)
       y = conv_bn(se(y), self.out, pw_k, act=False, conv_name="conv_pwl", bn_name="bn3", **kw)
     elif kind == "er":
-      y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_exp", bn_name="bn1", **kw)
+      y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_exp", bn_name="bn1", **aa,
+                  **kw)
       y = conv_bn(se(y), self.out, pw_k, act=False, conv_name="conv_pwl", bn_name="bn2", **kw)
     elif kind == "cn":
-      y = conv_bn(y, self.out, k, s, groups, act, conv_name="conv", bn_name="bn1", **kw)
+      y = conv_bn(y, self.out, k, s, groups, act, conv_name="conv", bn_name="bn1", **aa, **kw)
     elif kind == "uir":   # timm UniversalInvertedResidual (MobileNetV4)
       k0, k1 = o.get("k_start", 0), o.get("k_end", 0)
       if k0:
         y = conv_bn(y, y.shape[-1], k0, 1 if k else s, groups, False,
-                    conv_name="dw_start_conv", bn_name="dw_start_bn", **kw)
+                    conv_name="dw_start_conv", bn_name="dw_start_bn", **aa, **kw)
       y = conv_bn(y, self.mid, 1, act=act, conv_name="pw_exp_conv", bn_name="pw_exp_bn", **kw)
       if k:
         y = conv_bn(y, self.mid, k, s, groups, act, conv_name="dw_mid_conv",
-                    bn_name="dw_mid_bn", **kw)
+                    bn_name="dw_mid_bn", **aa, **kw)
       y = conv_bn(y, self.out, 1, act=False, conv_name="pw_proj_conv", bn_name="pw_proj_bn",
                   **kw)
       if k1:
@@ -451,6 +471,7 @@ class _Model(nn.Module):
   head_bias: bool = True
   se_gate: str = "sigmoid"
   se_act: Optional[str] = None
+  aa: Optional[str] = None
 
   @nn.compact
   def __call__(self, images, train: bool = False):
@@ -466,8 +487,8 @@ class _Model(nn.Module):
         if x.shape[-1] != cin:
           raise ValueError(f"Block {i}.{j} expects {cin} input channels, got {x.shape[-1]}.")
         x = MBBlock(kind, k, s, mid, cout, se, res, act=self.act, se_gate=self.se_gate,
-                    se_act=self.se_act, opts=opts[0] if opts else (), name=f"blocks_{i}_{j}",
-                    **kw)(x)
+                    se_act=self.se_act, opts=opts[0] if opts else (), aa=self.aa,
+                    name=f"blocks_{i}_{j}", **kw)(x)
       out[f"stage{i}"] = x
     if self.head not in ("conv", "pool_conv", "pool_conv_bn"):
       raise ValueError(f"Unknown head {self.head!r}; use conv, pool_conv or pool_conv_bn.")

@@ -61,20 +61,25 @@ def _timm_case(name):
                               norm_layer=functools.partial(torch.nn.BatchNorm2d, eps=1e-3))
     cfg = dict(arch=_EFFNET_ARCH, features=64, stem=16, stem_k=5, tf=True, act="relu6")
     return m, cfg, "tf_mixnet_m.in1k", (64, 47)
-  if name == "mobilenetv3":    # pooled head with bias, hard-swish, hard-sigmoid SE (ReLU)
+  if name == "mobilenetv3":    # pooled head with bias, hard-swish, hard-sigmoid SE (ReLU),
+    # average-pool anti-aliasing
     m = timm_mnv3.MobileNetV3(decode_arch_def(_MNV3_ARCH), num_classes=NUM_CLASSES,
                               num_features=80, stem_size=16, act_layer=torch.nn.Hardswish,
+                              aa_layer="avg",
                               se_layer=hsig(force_act_layer=torch.nn.ReLU,
                                             rd_round_fn=round_channels))
     cfg = dict(arch=_MNV3_ARCH, features=80, stem=16, act="hard_swish", head="pool_conv",
-               se_from_exp=True, se_gate="hard_sigmoid", se_act="relu", se_round=(1.0, 8, 0.9))
+               se_from_exp=True, se_gate="hard_sigmoid", se_act="relu", se_round=(1.0, 8, 0.9),
+               aa="avg")
     return m, cfg, "mobilenetv3_large_100.ra_in1k", (64,)
-  if name == "mobilenetv4":    # UIR blocks, multi-query attention, layer scale, BN head, GELU
+  if name == "mobilenetv4":    # UIR blocks, multi-query attention, layer scale, BN head, GELU,
+    # blur-pool anti-aliasing
     m = timm_mnv3.MobileNetV3(decode_arch_def(_MNV4_ARCH), num_classes=NUM_CLASSES,
                               num_features=80, stem_size=16, head_bias=False, head_norm=True,
+                              aa_layer="blurpc",
                               act_layer=torch.nn.GELU, layer_scale_init_value=1e-5)
     cfg = dict(arch=_MNV4_ARCH, features=80, stem=16, act="gelu", head="pool_conv_bn",
-               layer_scale=True)
+               layer_scale=True, aa="blurpc")
     return m, cfg, "mobilenetv4_hybrid_medium.e500_r224_in1k", (64,)
   raise ValueError(name)
 
@@ -151,8 +156,10 @@ def _check_full(name):
   with torch.device("meta"):
     ref = timm.create_model(name, pretrained=False)
   arch = efficientnet.ARCHS[f"timm/{name}"]
-  strides = lambda b: [c.stride[0] for n, c in b.named_modules()   # (not attention's kv stride)
-                       if isinstance(c, torch.nn.Conv2d) and not n.startswith("attn.")]
+  strides = lambda b: [  # convs' and anti-aliasing pools' (not attention's kv stride)
+      c.stride[0] if isinstance(c, torch.nn.Conv2d) else c.stride for n, c in b.named_modules()
+      if (isinstance(c, torch.nn.Conv2d) and not n.startswith("attn.")) or n.endswith("aa")
+      and hasattr(c, "stride")]
   assert [(b[2], b[7]) for stage in arch["stages"] for b in stage] == [
       (max(strides(b) or [1]), bool(b.has_skip)) for stage in ref.blocks for b in stage]
   acts = [_acts(b) for stage in ref.blocks for b in stage]
@@ -172,7 +179,8 @@ FULL = ("mnasnet_100", "semnasnet_075", "mnasnet_small", "spnasnet_100", "mobile
         "mobilenetv2_110d", "fbnetc_100", "tf_efficientnet_es", "tf_efficientnet_lite0",
         "mixnet_s", "tf_mixnet_m", "tinynet_e", "mobilenet_edgetpu_v2_m", "test_efficientnet",
         "mobilenetv3_rw", "mobilenetv3_small_050", "tf_mobilenetv3_large_minimal_100",
-        "fbnetv3_b", "lcnet_050", "mobilenetv4_conv_small_050", "mobilenetv4_hybrid_medium")
+        "fbnetv3_b", "lcnet_050", "mobilenetv4_conv_small_050", "mobilenetv4_hybrid_medium",
+        "mobilenetv4_conv_blur_medium")
 
 
 @pytest.mark.slow
