@@ -140,7 +140,8 @@ def build(cfg: dict) -> dict:
   mult, divisor, limit = cfg.get("round", (1.0, 8, 0.9))
   chs = lambda c: round_channels(c, mult, divisor, limit)
   stages_args = decode_arch_def(cfg["arch"], cfg.get("dm", 1.0), cfg.get("trunc", "ceil"),
-                                cfg.get("fix_first_last", False), cfg.get("group_size"))
+                                cfg.get("fix_first_last", False), cfg.get("group_size"),
+                                cfg.get("experts_multiplier", 1))
   stem = cfg["stem"] if cfg.get("fix_stem") else chs(cfg["stem"])
   act = cfg["act"]
   se_from_exp, se_round = cfg.get("se_from_exp", False), cfg.get("se_round")
@@ -280,6 +281,14 @@ def _spnasnet(cm=1.0):
 def _efficientnet(cm=1.0, dm=1.0):
   return dict(arch=_B, dm=dm, stem=32, round=(cm, 8, 0.9),
               features=round_channels(1280, cm), act="silu")
+
+
+def _efficientnet_condconv(cm=1.0, dm=1.0, experts_multiplier=1):
+  arch = [list(stage) for stage in _B]
+  for i in (4, 5, 6):
+    arch[i] = [arch[i][0] + "_cc4"]
+  return dict(arch=arch, dm=dm, experts_multiplier=experts_multiplier, stem=32,
+              round=(cm, 8, 0.9), features=round_channels(1280, cm), act="silu")
 
 
 def _efficientnet_edge(cm=1.0, dm=1.0):
@@ -520,6 +529,10 @@ GENERATORS: dict[str, tuple] = {
     "tf_efficientnet_es": (_E, dict(cm=1.0, dm=1.0), True),
     "tf_efficientnet_em": (_E, dict(cm=1.0, dm=1.1), True),
     "tf_efficientnet_el": (_E, dict(cm=1.2, dm=1.4), True),
+    "tf_efficientnet_cc_b0_4e": (_efficientnet_condconv, dict(cm=1.0, dm=1.0), True),
+    "tf_efficientnet_cc_b0_8e": (_efficientnet_condconv, dict(experts_multiplier=2), True),
+    "tf_efficientnet_cc_b1_8e": (_efficientnet_condconv, dict(dm=1.1, experts_multiplier=2),
+                                 True),
     "efficientnet_lite0": (_efficientnet_lite, dict(cm=1.0, dm=1.0), False),
     **{f"tf_efficientnet_lite{i}": (_efficientnet_lite, dict(cm=cm, dm=dm), True)
        for i, (cm, dm) in enumerate(_LITE_SCALES)},

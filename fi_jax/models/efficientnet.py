@@ -336,6 +336,36 @@ def conv_bn(x, features: int, kernel=1, stride: int = 1, groups: int = 1,
   return anti_alias(x, aa, stride) if use_aa else x
 
 
+class CondConv(nn.Module):
+  """timm's CondConv2d: a conv whose kernel is a per-sample mix of `experts` kernels,
+  sum_e routing[b, e] * kernel[e]. `kernel` keeps timm's layout [experts, out * in / groups *
+  kh * kw] (torch's (out, in / groups, kh, kw) order flattened)."""
+  features: int
+  kernel_size: int
+  stride: int = 1
+  groups: int = 1
+  experts: int = 1
+  same_pad: bool = False
+  dtype: Any = jnp.float32
+  precision: Any = jax.lax.Precision.HIGHEST
+
+  @nn.compact
+  def __call__(self, x, routing):
+    k, cin = self.kernel_size, x.shape[-1]
+    groups = cin if self.groups == -1 else self.groups
+    shape = (self.features, cin // groups, k, k)
+    kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                        (self.experts, int(np.prod(shape))), jnp.float32)
+    w = jnp.einsum("be,ek->bk", routing, kernel, precision=self.precision)
+    w = w.reshape((-1,) + shape).transpose(0, 3, 4, 2, 1).astype(self.dtype)   # [B, HWIO]
+    p = ((self.stride - 1) + (k - 1)) // 2
+    pad = "SAME" if self.same_pad else ((p, p), (p, p))
+    one = lambda xi, wi: jax.lax.conv_general_dilated(
+        xi[None], wi, (self.stride, self.stride), pad, feature_group_count=groups,
+        dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=self.precision)[0]
+    return jax.vmap(one)(x.astype(self.dtype), w)
+
+
 class SqueezeExcite(nn.Module):
   """x * gate(conv_expand(act(conv_reduce(mean_hw(x))))) (timm's defaults: SiLU, sigmoid)."""
   reduced: int
@@ -392,6 +422,8 @@ class MBBlock(nn.Module):
       y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_dw", bn_name="bn1", **aa, **kw)
       y = conv_bn(se(y), self.out, pw_k, act=o.get("pw_act", False) and act,
                   conv_name="conv_pw", bn_name="bn2", **kw)
+    elif kind == "ir" and o.get("experts"):   # timm CondConvResidual
+      y = self._cond_conv(x, o["experts"], act, se)
     elif kind == "ir":
       y = conv_bn(y, self.mid, exp_k, act=act, conv_name="conv_pw", bn_name="bn1", **kw)
       y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_dw", bn_name="bn2", **aa, **kw)
@@ -426,6 +458,19 @@ class MBBlock(nn.Module):
       y = y * self.param("layer_scale", nn.initializers.ones, (self.out,), jnp.float32
                          ).astype(y.dtype)
     return y + x if self.residual else y
+
+  def _cond_conv(self, x, experts, act, se):
+    """conv_pw, conv_dw, conv_pwl as CondConvs sharing one routing: sigmoid(routing_fn(mean
+    of the block input))."""
+    pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+    routing = nn.sigmoid(nn.Dense(experts, param_dtype=jnp.float32, precision=self.precision,
+                                  name="routing_fn")(pooled))
+    kw = dict(experts=experts, same_pad=self.same_pad, dtype=self.dtype, precision=self.precision)
+    bn = lambda y, name, a: activation(_blocks.BatchNorm(self.bn_eps, name=name)(y), a)
+    y = bn(CondConv(self.mid, 1, name="conv_pw", **kw)(x, routing), "bn1", act)
+    y = bn(CondConv(self.mid, self.kernel, self.stride, -1, name="conv_dw", **kw)(y, routing),
+           "bn2", act)
+    return bn(CondConv(self.out, 1, name="conv_pwl", **kw)(se(y), routing), "bn3", False)
 
   def _mqa(self, x, o, k):
     """Multi-query attention over all positions: per-head queries, one shared key and value

@@ -25,7 +25,8 @@ from fi_jax.models import efficientnet, zoo
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
 safetensors_torch = pytest.importorskip("safetensors.torch")
-from timm.models import efficientnet as timm_eff  # noqa: E402  (after the conftest shim)
+from timm.layers import CondConv2d  # noqa: E402  (after the conftest shim)
+from timm.models import efficientnet as timm_eff  # noqa: E402
 from timm.models import mobilenetv3 as timm_mnv3  # noqa: E402
 
 from tests.helpers.torch_reference import perturb_norms  # noqa: E402
@@ -36,11 +37,12 @@ NUM_CLASSES = 10
 # Small models of timm's own classes built from arch strings that use every block kind and
 # option once: (timm class, its kwargs, fi_jax generator config, the tag they load as, input
 # sizes). "n<act>" sets a block's activation, "a"/"p" the expansion / projection kernels
-# (1.1: a channel-split grouped conv), "k3.5.7" mixed depthwise kernels, "gs" a group size.
+# (1.1: a channel-split grouped conv), "k3.5.7" mixed depthwise kernels, "gs" a group size,
+# "cc4" CondConv with 4 experts.
 _EFFNET_ARCH = [["ds_r1_k3.5_s1_c16_nre"],
                 ["ir_r1_k3.5.7_a1.1_p1.1_s2_e6_c24_se0.5_nsw", "ir_r1_k3_s1_e3_c24_nr6"],
                 ["er_r1_k3_s2_e4_gs8_c32_se0.25", "dsa_r1_k5_s1_c32"],
-                ["cn_r1_k1_s1_c48"]]
+                ["ir_r2_k5_s2_e3_c40_se0.25_cc4"], ["cn_r1_k1_s1_c48"]]
 _MNV3_ARCH = [["ds_r1_k3_s2_c16_se0.25_nre"], ["ir_r1_k5_s2_e4_c24_se0.25", "ir_r1_k3_s1_e3_c24"],
               ["cn_r1_k1_s1_c48"]]
 _MNV4_ARCH = [["er_r1_k3_s2_e4_c24"], ["uir_r1_a3_k5_s2_e4_c32", "uir_r1_a0_k3_s1_e2_c32",
@@ -157,9 +159,9 @@ def _check_full(name):
     ref = timm.create_model(name, pretrained=False)
   arch = efficientnet.ARCHS[f"timm/{name}"]
   strides = lambda b: [  # convs' and anti-aliasing pools' (not attention's kv stride)
-      c.stride[0] if isinstance(c, torch.nn.Conv2d) else c.stride for n, c in b.named_modules()
-      if (isinstance(c, torch.nn.Conv2d) and not n.startswith("attn.")) or n.endswith("aa")
-      and hasattr(c, "stride")]
+      c.stride if isinstance(c.stride, int) else c.stride[0] for n, c in b.named_modules()
+      if (isinstance(c, (torch.nn.Conv2d, CondConv2d)) and not n.startswith("attn."))
+      or n.endswith("aa") and hasattr(c, "stride")]
   assert [(b[2], b[7]) for stage in arch["stages"] for b in stage] == [
       (max(strides(b) or [1]), bool(b.has_skip)) for stage in ref.blocks for b in stage]
   acts = [_acts(b) for stage in ref.blocks for b in stage]
@@ -180,7 +182,7 @@ FULL = ("mnasnet_100", "semnasnet_075", "mnasnet_small", "spnasnet_100", "mobile
         "mixnet_s", "tf_mixnet_m", "tinynet_e", "mobilenet_edgetpu_v2_m", "test_efficientnet",
         "mobilenetv3_rw", "mobilenetv3_small_050", "tf_mobilenetv3_large_minimal_100",
         "fbnetv3_b", "lcnet_050", "mobilenetv4_conv_small_050", "mobilenetv4_hybrid_medium",
-        "mobilenetv4_conv_blur_medium")
+        "mobilenetv4_conv_blur_medium", "tf_efficientnet_cc_b0_8e")
 
 
 @pytest.mark.slow

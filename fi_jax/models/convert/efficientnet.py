@@ -29,7 +29,7 @@ _TV_BLOCKS = {
 _TIMM_BLOCK_LAYER = re.compile(
     r"(conv_pw|conv_dw|conv_pwl|conv_exp|conv)(\.\d+)?|bn[123]|se\.conv_(reduce|expand)|norm"
     r"|(dw_start|pw_exp|dw_mid|pw_proj|dw_end)\.(conv|bn)"
-    r"|attn\.(query|key|value|output)\.proj|attn\.(key|value)\.(down_conv|norm)")
+    r"|attn\.(query|key|value|output)\.proj|attn\.(key|value)\.(down_conv|norm)|routing_fn")
 
 
 def _conv(w: np.ndarray) -> np.ndarray:
@@ -46,6 +46,10 @@ def _layer(flat: dict, path: str, leaf: str, v: np.ndarray, key: str, where: str
     if leaf not in _BN:
       raise CheckpointError(f"Unexpected BatchNorm tensor {key!r} in {where}.")
     flat[f"{path}/{_BN[leaf]}"] = np.asarray(v)
+  elif leaf == "weight" and name == "routing_fn":   # CondConv routing Linear
+    flat[f"{path}/kernel"] = np.asarray(v).T
+  elif leaf == "weight" and np.ndim(v) == 2:   # CondConv experts: timm's layout, as is
+    flat[f"{path}/kernel"] = np.asarray(v)
   elif leaf == "weight":
     if np.ndim(v) != 4:
       raise CheckpointError(f"{key!r} in {where} has shape {np.shape(v)}; a conv weight is 4-D.")
