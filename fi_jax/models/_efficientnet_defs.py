@@ -566,6 +566,44 @@ GENERATORS: dict[str, tuple] = {
 }
 
 
+# timm's pruned EfficientNets (timm models/_pruned/efficientnet_b*_pruned.txt, from "Knapsack
+# Pruning with Inner Distillation"): the tf_ B1-B3 blocks with other widths; per block
+# "mid/out/se" channels in order.
+PRUNED = {
+    "efficientnet_b1_pruned": ((1.0, 1.1), (
+        "32/16/8 16/16/4 48/12/4 62/12/6 48/12/6 70/35/6 61/35/10 51/35/10 175/74/10 188/74/20 "
+        "137/74/20 164/74/20 399/67/20 201/67/28 160/67/28 213/67/28 637/192/27 806/192/48 "
+        "798/192/48 891/192/48 990/192/48 1152/320/48 1912/320/80")),
+    "efficientnet_b2_pruned": ((1.1, 1.2), (
+        "32/16/8 16/16/4 54/17/4 69/17/6 61/17/6 86/42/6 72/42/12 98/42/12 245/85/12 274/85/22 "
+        "254/85/22 292/85/22 502/116/22 315/116/30 354/116/30 443/116/30 719/208/30 1148/208/52 "
+        "1160/208/52 1182/208/52 1228/208/52 1248/352/52 2112/352/88")),
+    "efficientnet_b3_pruned": ((1.2, 1.4), (
+        "40/24/10 24/24/6 27/12/6 49/12/8 48/12/8 83/40/8 90/40/12 85/40/12 215/93/12 261/93/24 "
+        "219/93/24 254/93/24 236/93/24 480/120/24 235/120/34 217/120/34 226/120/33 340/120/34 "
+        "802/232/34 1030/232/58 924/232/58 1016/232/58 1130/232/58 1266/232/58 1392/384/58 "
+        "2301/384/96")),
+}
+
+
+def pruned_arch(name: str) -> dict:
+  """`efficientnet.Model` keyword arguments of a timm pruned EfficientNet (`PRUNED`)."""
+  (cm, dm), widths = PRUNED[name]
+  arch = build({**_efficientnet(cm, dm), "tf": True, "name": name})
+  it = iter(tuple(int(c) for c in w.split("/")) for w in widths.split())
+  stages, cin = [], arch["stem_chs"]
+  for stage in arch["stages"]:
+    blocks = []
+    for kind, k, s, _, _, _, _, res, opts in stage:
+      mid, cout, se = next(it)
+      blocks.append((kind, k, s, cin, mid, cout, se, res, opts))
+      cin = cout
+    stages.append(tuple(blocks))
+  if next(it, None) is not None:
+    raise ValueError(f"{name}: more pruned widths than blocks.")
+  return {**arch, "stages": tuple(stages)}
+
+
 def timm_model_arch(name: str, **gen_kwargs) -> dict:
   """`efficientnet.Model` keyword arguments of the timm model `name` (no pretrained tag);
   `gen_kwargs` override its generator's (e.g. cm / dm: the channel / depth multipliers of a

@@ -198,6 +198,8 @@ def _archs() -> dict[str, dict]:
   # FBNet, LCNet, TinyNet, ...): fi_jax.models._efficientnet_defs
   for name in defs.GENERATORS:
     archs[f"timm/{name}"] = {**defs.timm_model_arch(name), "source": "timm"}
+  for name in defs.PRUNED:
+    archs[f"timm/{name}"] = {**defs.pruned_arch(name), "source": "timm"}
   return archs
 
 
