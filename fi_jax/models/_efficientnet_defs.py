@@ -204,7 +204,7 @@ def build(cfg: dict) -> dict:
               head_chs=cfg["features"], head=head, head_bias=cfg.get("head_bias", True),
               act=act, se_gate=cfg.get("se_gate", "sigmoid"), se_act=cfg.get("se_act"),
               bn_eps=1e-3 if cfg.get("tf") or cfg.get("bn_tf") else 1e-5,
-              same_pad=bool(cfg.get("tf")), aa=cfg.get("aa"))
+              same_pad=bool(cfg.get("tf")), aa=cfg.get("aa"), norm=cfg.get("norm", "bn"))
 
 
 # ----------------------------------------------------------------------------- generators
@@ -355,8 +355,8 @@ def _mobilenet_edgetpu_v2_m(cm=1.0, dm=1.0):
               dm=dm, round=(cm, 8, 0.9), stem=64, stem_k=5, features=1344, act="relu")
 
 
-def _test_efficientnet(cm=1.0, dm=1.0):
-  return dict(arch=[["cn_r1_k3_s1_e1_c16_skip"], ["er_r1_k3_s2_e4_c24"], ["er_r1_k3_s2_e4_c32"],
+def _test_efficientnet(cm=1.0, dm=1.0, norm="bn"):
+  return dict(norm=norm, arch=[["cn_r1_k3_s1_e1_c16_skip"], ["er_r1_k3_s2_e4_c24"], ["er_r1_k3_s2_e4_c32"],
                     ["ir_r1_k3_s2_e4_c48_se0.25"], ["ir_r1_k3_s2_e4_c64_se0.25"]],
               dm=dm, stem=24, round=(cm, 8, 0.0), features=round_channels(256, cm, 8, 0.0),
               act="silu")
@@ -547,6 +547,9 @@ GENERATORS: dict[str, tuple] = {
     **{f"tinynet_{v}": (_tinynet, dict(width=w, dm=d), False) for v, (w, d) in _TINY_SCALES.items()},
     "mobilenet_edgetpu_v2_m": (_mobilenet_edgetpu_v2_m, {}, False),
     "test_efficientnet": (_test_efficientnet, {}, False),
+    "test_efficientnet_gn": (_test_efficientnet, dict(norm="gn8"), False),
+    "test_efficientnet_ln": (_test_efficientnet, dict(norm="ln"), False),
+    "test_efficientnet_evos": (_test_efficientnet, dict(norm="evos8"), False),
     # timm models/mobilenetv3.py
     "mobilenetv3_rw": (_mobilenet_v3_rw, dict(cm=1.0), False),
     **{f"mobilenetv3_{v}": (_mobilenet_v3, dict(variant=v, cm=cm, dm=dm), False)

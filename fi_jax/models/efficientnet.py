@@ -324,17 +324,56 @@ def anti_alias(x, kind: str, stride: int):
   raise ValueError(f"Unknown anti-aliasing {kind!r}; use 'avg' or 'blurpc'.")
 
 
+class EvoNormS0(nn.Module):
+  """timm's EvoNorm2dS0: x * sigmoid(v * x) / group_std(x) * scale + bias (with `act`), else
+  only the affine scale and bias."""
+  groups: int
+  eps: float = 1e-5
+  act: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    c = x.shape[-1]
+    scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
+    if self.act:
+      v = self.param("v", nn.initializers.ones, (c,), jnp.float32)
+      xf = x.astype(jnp.float32)
+      g = xf.reshape(x.shape[:-1] + (self.groups, c // self.groups))
+      std = jnp.sqrt(jnp.var(g, axis=(1, 2, 4), keepdims=True) + self.eps)
+      x = (xf * nn.sigmoid(xf * v) / jnp.broadcast_to(std, g.shape).reshape(x.shape))
+    return (x * scale + bias).astype(x.dtype)
+
+
+def norm_act(x, norm: str, eps: float, act: Any, name: str):
+  """Norm layer `name` then `activation(act)`. `norm`: "bn" (BatchNorm, running statistics),
+  or timm's normalisations of its test models: "gn<g>" GroupNormAct with <g> channels per
+  group, "ln" LayerNormAct2d (over channels), "evos<g>" EvoNorm2dS0 (its own nonlinearity in
+  place of `act`)."""
+  if norm == "bn":
+    return activation(_blocks.BatchNorm(eps, name=name)(x), act)
+  if norm == "ln":
+    return activation(nn.LayerNorm(eps, param_dtype=jnp.float32, name=name)(x), act)
+  if norm.startswith("gn"):
+    y = nn.GroupNorm(x.shape[-1] // int(norm[2:]), epsilon=eps, param_dtype=jnp.float32,
+                     name=name)(x)
+    return activation(y, act)
+  if norm.startswith("evos"):
+    return EvoNormS0(x.shape[-1] // int(norm[4:]), eps, bool(act), name=name)(x)
+  raise ValueError(f"Unknown norm {norm!r}; use bn, ln, gn<group size> or evos<group size>.")
+
+
 def conv_bn(x, features: int, kernel=1, stride: int = 1, groups: int = 1,
             act: Any = True, *, conv_name: str, bn_name: str, bn_eps: float = 1e-5,
-            same_pad: bool = False, aa: Optional[str] = None, dtype: Any = jnp.float32,
-            precision: Any = jax.lax.Precision.HIGHEST):
-  """`conv` (no bias) -> BatchNorm -> `activation(act)` (True: SiLU), as sibling params
-  `conv_name`, `bn_name` of the calling module; with `aa` a strided conv runs at stride 1 and
-  `anti_alias` downsamples after the activation."""
+            same_pad: bool = False, aa: Optional[str] = None, norm: str = "bn",
+            dtype: Any = jnp.float32, precision: Any = jax.lax.Precision.HIGHEST):
+  """`conv` (no bias) -> `norm_act` (BatchNorm, `activation(act)`, True: SiLU), as sibling
+  params `conv_name`, `bn_name` of the calling module; with `aa` a strided conv runs at stride
+  1 and `anti_alias` downsamples after the activation."""
   use_aa = aa is not None and stride > 1
   x = conv(x, features, kernel, 1 if use_aa else stride, groups, name=conv_name,
            same_pad=same_pad, dtype=dtype, precision=precision)
-  x = activation(_blocks.BatchNorm(bn_eps, name=bn_name)(x), act)
+  x = norm_act(x, norm, bn_eps, act, bn_name)
   return anti_alias(x, aa, stride) if use_aa else x
 
 
@@ -406,13 +445,14 @@ class MBBlock(nn.Module):
   se_act: Optional[str] = None
   opts: tuple = ()
   aa: Optional[str] = None
+  norm: str = "bn"
 
   @nn.compact
   def __call__(self, x):
     o = dict(self.opts)
     act = o.get("act", self.act)
     kw = dict(bn_eps=self.bn_eps, same_pad=self.same_pad, dtype=self.dtype,
-              precision=self.precision)
+              precision=self.precision, norm=self.norm)
     se = lambda y: (SqueezeExcite(self.se, self.dtype, self.precision, self.se_act or act,
                                   self.se_gate, name="se")(y) if self.se else y)
     k, s, kind = self.kernel, self.stride, self.kind
@@ -519,12 +559,14 @@ class _Model(nn.Module):
   se_gate: str = "sigmoid"
   se_act: Optional[str] = None
   aa: Optional[str] = None
+  norm: str = "bn"
 
   @nn.compact
   def __call__(self, images, train: bool = False):
     del train   # inference only: running BN statistics, no dropout / stochastic depth
     dtype = jnp.dtype(self.dtype)
-    kw = dict(bn_eps=self.bn_eps, same_pad=self.same_pad, dtype=dtype, precision=self.precision)
+    kw = dict(bn_eps=self.bn_eps, same_pad=self.same_pad, dtype=dtype, precision=self.precision,
+              norm=self.norm)
     out = {}
     x = jnp.asarray(images, jnp.float32).astype(dtype)
     x = out["stem"] = conv_bn(x, self.stem_chs, self.stem_kernel, 2, act=self.act,

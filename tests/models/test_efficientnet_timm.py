@@ -92,6 +92,8 @@ def _perturb(m, seed=0):
     for name, p in m.named_parameters():
       if name.endswith("layer_scale.gamma"):   # timm inits it to 1e-5: make the branch count
         p.copy_(1 + 0.2 * torch.randn(p.shape))
+      elif p.ndim == 1:    # every norm's affine params (LayerNorm, EvoNorm's v too) off init
+        p.add_(0.2 * torch.randn(p.shape))
   return perturb_norms(m, seed)
 
 
@@ -124,6 +126,27 @@ def test_timm_block_vocabulary_matches(name, tmp_path):
     # layer scales ~1 let activations grow through deep residual stacks)
     assert d_logits < TOL * max(1.0, np.abs(ref_logits).max())
     assert d_pre < TOL * max(1.0, np.abs(ref_pre).max())
+
+
+@pytest.mark.parametrize("norm", ["gn", "ln", "evos"])
+def test_timm_test_models_with_other_norms_match(norm, tmp_path):
+  """timm's test_efficientnet_{gn,ln,evos} (GroupNorm, LayerNorm, EvoNorm-S0 in BatchNorm's
+  place), full size: they are tiny."""
+  name = f"test_efficientnet_{norm}"
+  m = _perturb(timm.create_model(name, pretrained=False))
+  path = tmp_path / "model.safetensors"
+  safetensors_torch.save_file({k: v.detach().clone().contiguous()
+                               for k, v in m.state_dict().items()}, str(path))
+  model, params, _ = zoo.from_pretrained(f"timm/{name}.r160_in1k", str(path))
+  img = np.random.default_rng(0).normal(size=(2, 64, 64, 3)).astype(np.float32)
+  logits, out = jax.jit(model.apply)({"params": params}, img)
+  ref_logits, ref_pre = _ref(m, img)
+  d_logits = float(np.abs(np.asarray(logits) - ref_logits).max())
+  d_pre = float(np.abs(np.asarray(out["pre_logits"]) - ref_pre).max())
+  print(f"{name}: max |diff| logits {d_logits:.2e}, pre_logits {d_pre:.2e}, "
+        f"|ref logits| {np.abs(ref_logits).max():.2f}")
+  assert d_logits < TOL * max(1.0, np.abs(ref_logits).max())
+  assert d_pre < TOL * max(1.0, np.abs(ref_pre).max())
 
 
 # ----------------------------------------------------------------------------- full size

@@ -14,7 +14,8 @@ import numpy as np
 
 from fi_jax.models._checkpoints import CheckpointError, recover_tree
 
-_BN = {"weight": "scale", "bias": "bias", "running_mean": "mean", "running_var": "var"}
+_BN = {"weight": "scale", "bias": "bias", "running_mean": "mean", "running_var": "var",
+       "v": "v"}   # (v: timm's EvoNorm2dS0 in a norm's place)
 _SKIP = ("num_batches_tracked",)
 
 # torchvision block layouts: (conv layer indices, SE index or None) -> names of those layers.
