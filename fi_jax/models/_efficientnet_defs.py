@@ -195,7 +195,10 @@ def build(cfg: dict) -> dict:
           raise ValueError(f"Squeeze-excite in a {kind!r} block is not ported.")
         ratio = a["se"] if se_from_exp else a["se"] / a.get("exp", 1.0)
         v = mid * ratio
-        se = round(v) if se_round is None else round_channels(v, *se_round)
+        if se_round == "half_up":   # timm GlobalContext: make_divisible(v, 1, round_limit=0)
+          se = max(1, int(v + 0.5))
+        else:
+          se = round(v) if se_round is None else round_channels(v, *se_round)
       blocks.append((kind, k, stride, cin, mid, cout, se, bool(res), tuple(sorted(opts.items()))))
       cin = cout
     stages.append(tuple(blocks))
@@ -204,7 +207,8 @@ def build(cfg: dict) -> dict:
               head_chs=cfg["features"], head=head, head_bias=cfg.get("head_bias", True),
               act=act, se_gate=cfg.get("se_gate", "sigmoid"), se_act=cfg.get("se_act"),
               bn_eps=1e-3 if cfg.get("tf") or cfg.get("bn_tf") else 1e-5,
-              same_pad=bool(cfg.get("tf")), aa=cfg.get("aa"), norm=cfg.get("norm", "bn"))
+              same_pad=bool(cfg.get("tf")), aa=cfg.get("aa"), norm=cfg.get("norm", "bn"),
+              se_kind=cfg.get("se_kind", "se"))
 
 
 # ----------------------------------------------------------------------------- generators
@@ -308,6 +312,15 @@ def _efficientnetv2_xl(cm=1.0, dm=1.0):
                     ["ir_r16_k3_s2_e4_c192_se0.25"], ["ir_r24_k3_s1_e6_c256_se0.25"],
                     ["ir_r32_k3_s2_e6_c512_se0.25"], ["ir_r8_k3_s1_e6_c640_se0.25"]],
               dm=dm, stem=32, round=(cm, 8, 0.9), features=1280, act="silu")
+
+
+def _gc_efficientnetv2(cm=1.0, dm=1.0):
+  """timm `_gen_efficientnetv2_s(rw=False, se_layer='gc')`: GlobalContext attention."""
+  return dict(arch=[["cn_r2_k3_s1_e1_c24_skip"], ["er_r4_k3_s2_e4_c48"], ["er_r4_k3_s2_e4_c64"],
+                    ["ir_r6_k3_s2_e4_c128_se0.25"], ["ir_r9_k3_s1_e6_c160_se0.25"],
+                    ["ir_r15_k3_s2_e6_c256_se0.25"]],
+              dm=dm, stem=24, round=(cm, 8, 0.9), features=round_channels(1280, cm), act="silu",
+              se_kind="gc", se_round="half_up")
 
 
 def _mixnet_s(cm=1.0):
@@ -537,6 +550,7 @@ GENERATORS: dict[str, tuple] = {
     **{f"tf_efficientnet_lite{i}": (_efficientnet_lite, dict(cm=cm, dm=dm), True)
        for i, (cm, dm) in enumerate(_LITE_SCALES)},
     "tf_efficientnetv2_xl": (_efficientnetv2_xl, {}, True),
+    "gc_efficientnetv2_rw_t": (_gc_efficientnetv2, dict(cm=0.8, dm=0.9), False),
     "mixnet_s": (_mixnet_s, dict(cm=1.0), False),
     "mixnet_m": (_mixnet_m, dict(cm=1.0), False),
     "mixnet_l": (_mixnet_m, dict(cm=1.3), False),

@@ -425,6 +425,30 @@ class SqueezeExcite(nn.Module):
     return x * activation(s, self.gate)
 
 
+class GlobalContext(nn.Module):
+  """timm's GlobalContext attention in SE's place (fuse_scale): context = the softmax(
+  conv_attn(x))-weighted mean over positions; x * gate(fc2(act(LayerNorm(fc1(context)))))."""
+  reduced: int
+  dtype: Any = jnp.float32
+  precision: Any = jax.lax.Precision.HIGHEST
+  act: str = "silu"
+  gate: str = "sigmoid"
+
+  @nn.compact
+  def __call__(self, x):
+    conv = lambda c, name: nn.Conv(c, (1, 1), dtype=jnp.float32, param_dtype=jnp.float32,
+                                   precision=self.precision, name=name)
+    b, h, w, c = x.shape
+    xf = x.astype(jnp.float32)
+    attn = jax.nn.softmax(conv(1, "conv_attn")(xf).reshape(b, h * w), axis=-1)
+    ctx = jnp.einsum("bl,blc->bc", attn, xf.reshape(b, h * w, c),
+                     precision=self.precision)[:, None, None, :]
+    y = nn.LayerNorm(1e-6, param_dtype=jnp.float32, name="mlp_scale_norm")(
+        conv(self.reduced, "mlp_scale_fc1")(ctx))
+    y = conv(c, "mlp_scale_fc2")(activation(y, self.act))
+    return x * activation(y, self.gate).astype(x.dtype)
+
+
 class MBBlock(nn.Module):
   """One block of timm's vocabulary (see the module docstring and
   `fi_jax.models._efficientnet_defs` for `opts`); parameter names as timm's, with a dotted
@@ -446,6 +470,7 @@ class MBBlock(nn.Module):
   opts: tuple = ()
   aa: Optional[str] = None
   norm: str = "bn"
+  se_kind: str = "se"
 
   @nn.compact
   def __call__(self, x):
@@ -453,8 +478,9 @@ class MBBlock(nn.Module):
     act = o.get("act", self.act)
     kw = dict(bn_eps=self.bn_eps, same_pad=self.same_pad, dtype=self.dtype,
               precision=self.precision, norm=self.norm)
-    se = lambda y: (SqueezeExcite(self.se, self.dtype, self.precision, self.se_act or act,
-                                  self.se_gate, name="se")(y) if self.se else y)
+    attn = GlobalContext if self.se_kind == "gc" else SqueezeExcite
+    se = lambda y: (attn(self.se, self.dtype, self.precision, self.se_act or act,
+                         self.se_gate, name="se")(y) if self.se else y)
     k, s, kind = self.kernel, self.stride, self.kind
     aa = dict(aa=self.aa)   # timm passes its aa_layer to a block's strided spatial conv
     groups = o.get("groups", -1 if kind in ("ds", "ir", "uir") else 1)
@@ -560,6 +586,7 @@ class _Model(nn.Module):
   se_act: Optional[str] = None
   aa: Optional[str] = None
   norm: str = "bn"
+  se_kind: str = "se"
 
   @nn.compact
   def __call__(self, images, train: bool = False):
@@ -577,6 +604,7 @@ class _Model(nn.Module):
           raise ValueError(f"Block {i}.{j} expects {cin} input channels, got {x.shape[-1]}.")
         x = MBBlock(kind, k, s, mid, cout, se, res, act=self.act, se_gate=self.se_gate,
                     se_act=self.se_act, opts=opts[0] if opts else (), aa=self.aa,
+                    se_kind=self.se_kind,
                     name=f"blocks_{i}_{j}", **kw)(x)
       out[f"stage{i}"] = x
     if self.head not in ("conv", "pool_conv", "pool_conv_bn"):

@@ -63,6 +63,12 @@ def _timm_case(name):
                               norm_layer=functools.partial(torch.nn.BatchNorm2d, eps=1e-3))
     cfg = dict(arch=_EFFNET_ARCH, features=64, stem=16, stem_k=5, tf=True, act="relu6")
     return m, cfg, "tf_mixnet_m.in1k", (64, 47)
+  if name == "global_context":   # GlobalContext attention in SE's place
+    arch = [["er_r1_k3_s2_e4_c24_se0.25"], ["ir_r2_k3_s2_e6_c32_se0.25"]]
+    m = timm_eff.EfficientNet(decode_arch_def(arch), num_classes=NUM_CLASSES, num_features=64,
+                              stem_size=16, act_layer=torch.nn.SiLU, se_layer="gc")
+    cfg = dict(arch=arch, features=64, stem=16, act="silu", se_kind="gc", se_round="half_up")
+    return m, cfg, "gc_efficientnetv2_rw_t.agc_in1k", (64,)
   if name == "mobilenetv3":    # pooled head with bias, hard-swish, hard-sigmoid SE (ReLU),
     # average-pool anti-aliasing
     m = timm_mnv3.MobileNetV3(decode_arch_def(_MNV3_ARCH), num_classes=NUM_CLASSES,
@@ -103,7 +109,7 @@ def _ref(m, img):
     return m(x).numpy(), m.forward_head(m.forward_features(x), pre_logits=True).numpy()
 
 
-@pytest.mark.parametrize("name", ["effnet_tf", "mobilenetv3", "mobilenetv4"])
+@pytest.mark.parametrize("name", ["effnet_tf", "global_context", "mobilenetv3", "mobilenetv4"])
 def test_timm_block_vocabulary_matches(name, tmp_path):
   m, cfg, tag, sizes = _timm_case(name)
   m = _perturb(m)
@@ -193,7 +199,8 @@ def _check_full(name):
   assert _acts(ref.bn1) == [arch["act"]] and head == [arch["act"]] * bool(arch["head_chs"])
   eps = {mod.eps for mod in ref.modules() if isinstance(mod, torch.nn.BatchNorm2d)}
   # timm builds fbnetc_100 with eps 1e-3 only when it loads the pretrained weights
-  assert eps == ({1e-5} if name == "fbnetc_100" else {arch["bn_eps"]})
+  assert eps == ({1e-5} if name == "fbnetc_100" else {arch["bn_eps"]} if arch["norm"] == "bn"
+                 else set())
   same = any(type(mod).__name__ == "Conv2dSame" for mod in ref.modules())
   assert same == arch["same_pad"]
 
@@ -205,7 +212,8 @@ FULL = ("mnasnet_100", "semnasnet_075", "mnasnet_small", "spnasnet_100", "mobile
         "mixnet_s", "tf_mixnet_m", "tinynet_e", "mobilenet_edgetpu_v2_m", "test_efficientnet",
         "mobilenetv3_rw", "mobilenetv3_small_050", "tf_mobilenetv3_large_minimal_100",
         "fbnetv3_b", "lcnet_050", "mobilenetv4_conv_small_050", "mobilenetv4_hybrid_medium",
-        "mobilenetv4_conv_blur_medium", "tf_efficientnet_cc_b0_8e")
+        "mobilenetv4_conv_blur_medium", "tf_efficientnet_cc_b0_8e", "efficientnet_b1_pruned",
+        "gc_efficientnetv2_rw_t", "test_efficientnet_gn")
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ _TV_BLOCKS = {
 # timm block layers (sub-layer paths; MixNet's split convs end in ".<i>")
 _TIMM_BLOCK_LAYER = re.compile(
     r"(conv_pw|conv_dw|conv_pwl|conv_exp|conv)(\.\d+)?|bn[123]|se\.conv_(reduce|expand)|norm"
+    r"|se\.conv_attn|se\.mlp_scale\.(fc1|fc2|norm)"
     r"|(dw_start|pw_exp|dw_mid|pw_proj|dw_end)\.(conv|bn)"
     r"|attn\.(query|key|value|output)\.proj|attn\.(key|value)\.(down_conv|norm)|routing_fn")
 
@@ -43,7 +44,9 @@ def _layer(flat: dict, path: str, leaf: str, v: np.ndarray, key: str, where: str
   if leaf in _SKIP:
     return
   name = path.rsplit("/", 1)[-1]
-  if re.search(r"(^|_)(bn\d?|norm)$", name):
+  if name == "mlp_scale_norm":    # GlobalContext's LayerNorm
+    flat[f"{path}/{ {'weight': 'scale', 'bias': 'bias'}[leaf]}"] = np.asarray(v)
+  elif re.search(r"(^|_)(bn\d?|norm)$", name):
     if leaf not in _BN:
       raise CheckpointError(f"Unexpected BatchNorm tensor {key!r} in {where}.")
     flat[f"{path}/{_BN[leaf]}"] = np.asarray(v)
@@ -84,7 +87,7 @@ def convert_timm(sd: Mapping[str, np.ndarray], where: str = "the checkpoint") ->
       if not _TIMM_BLOCK_LAYER.fullmatch(m[3]):
         raise CheckpointError(f"Unexpected key {key!r} in {where} (not an EfficientNet block "
                               f"layer; known: {_TIMM_BLOCK_LAYER.pattern}).")
-      sub = m[3].replace("se.", "se/").replace(".", "_")   # see efficientnet.MBBlock
+      sub = m[3].replace("se.", "se/", 1).replace(".", "_")   # see efficientnet.MBBlock
       _layer(flat, f"blocks_{m[1]}_{m[2]}/{sub}", m[4], v, key, where)
     elif (m := re.fullmatch(r"(\w+)\.(\w+)", key)) and m[1] in top:
       _layer(flat, top[m[1]], m[2], v, key, where)
