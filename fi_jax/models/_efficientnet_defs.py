@@ -66,8 +66,8 @@ def decode_block(block: str) -> tuple[dict, int]:
         opt[parts[0]] = parts[1]
   a = dict(kind=kind, out=int(opt["c"]), stride=int(opt["s"]), act=opt.get("n"),
            se=float(opt.get("se", 0.0)), noskip=skip is False)
-  if kind in ("ir", "ds", "dsa") and int(opt.get("d", 0)) > 0:
-    raise ValueError(f"Block {block!r}: space-to-depth blocks are not ported.")
+  if kind in ("ir", "ds", "dsa"):
+    a["s2d"] = int(opt.get("d", 0)) > 0
   if kind == "ir":
     a.update(k=_ksize(opt["k"]), exp_k=_ksize(opt.get("a", "1")), pw_k=_ksize(opt.get("p", "1")),
              exp=float(opt["e"]), experts=int(opt.get("cc", 0)))
@@ -145,20 +145,41 @@ def build(cfg: dict) -> dict:
   stem = cfg["stem"] if cfg.get("fix_stem") else chs(cfg["stem"])
   act = cfg["act"]
   se_from_exp, se_round = cfg.get("se_from_exp", False), cfg.get("se_round")
-  cin, stages = stem, []
+  cin, stages, space2depth = stem, [], 0
   for stage in stages_args:
     blocks = []
     for j, a in enumerate(stage):
-      kind, k, stride, cout = a["kind"], a["k"], a["stride"] if j == 0 else 1, chs(a["out"])
+      kind, k, stride = a["kind"], a["k"], a["stride"] if j == 0 else 1
+      # space-to-depth (EfficientNet-X): a 2x2 stride-2 conv to 4x channels starts it in a DS
+      # block (s2d 1); the next blocks run at 4x width (s2d 2) until a stride-2 block, which
+      # ends it at stride 1 with a quarter of its expansion (timm EfficientNetBuilder.__call__)
+      s2d = 0
+      if not space2depth and a.get("s2d"):
+        space2depth = 1
+      if space2depth:
+        if space2depth == 2 and stride == 2:
+          stride, space2depth = 1, 0
+          a = {**a, "exp": a["exp"] / 4}
+        else:
+          s2d = space2depth
+      cout = chs(a["out"]) * (4 if s2d else 1)
       opts = {}
+      if s2d == 1:
+        if kind != "ds":
+          raise ValueError(f"Space-to-depth starting in a {kind!r} block is not ported.")
+        opts["s2d"] = True
       if a["act"] and a["act"] != act:
         opts["act"] = a["act"]
       if a.get("experts"):
         opts["experts"] = a["experts"]
       gs = a.get("group_size")
       if kind == "ds":
-        mid, groups = cin, _groups(1 if gs is None else gs, cin)
         res = stride == 1 and cin == cout and not a["noskip"]
+        if s2d == 1:   # (the block downsamples by 2: its conv_s2d)
+          cin_eff, k, stride = 4 * cin, (k + 1) // 2, 2
+        else:
+          cin_eff = cin
+        mid, groups = cin_eff, _groups(1 if gs is None else gs, cin_eff)
         if a["pw_act"]:
           opts["pw_act"] = True
       elif kind == "ir":
@@ -194,13 +215,15 @@ def build(cfg: dict) -> dict:
         if kind in ("uir", "mqa", "cn"):
           raise ValueError(f"Squeeze-excite in a {kind!r} block is not ported.")
         ratio = a["se"] if se_from_exp else a["se"] / a.get("exp", 1.0)
-        v = mid * ratio
+        v = mid * ratio / (4 if s2d == 1 else 1)
         if se_round == "half_up":   # timm GlobalContext: make_divisible(v, 1, round_limit=0)
           se = max(1, int(v + 0.5))
         else:
           se = round(v) if se_round is None else round_channels(v, *se_round)
       blocks.append((kind, k, stride, cin, mid, cout, se, bool(res), tuple(sorted(opts.items()))))
       cin = cout
+      if space2depth == 1:
+        space2depth = 2
     stages.append(tuple(blocks))
   head = cfg.get("head", "conv")
   return dict(stem_chs=stem, stem_kernel=cfg.get("stem_k", 3), stages=tuple(stages),
@@ -321,6 +344,16 @@ def _gc_efficientnetv2(cm=1.0, dm=1.0):
                     ["ir_r15_k3_s2_e6_c256_se0.25"]],
               dm=dm, stem=24, round=(cm, 8, 0.9), features=round_channels(1280, cm), act="silu",
               se_kind="gc", se_round="half_up")
+
+
+def _efficientnet_x(cm=1.0, dm=1.0, version=1):
+  """timm `_gen_efficientnet_x` (EfficientNet-X / -H: space-to-depth first block)."""
+  e = (6, 6, 6) if version == 1 else (4, 4, 4)
+  return dict(arch=[["ds_r1_k3_s1_e1_c16_se0.25_d1"], [f"er_r2_k3_s2_e{e[0]}_c24_se0.25_nre"],
+                    [f"er_r2_k5_s2_e{e[1]}_c40_se0.25_nre"], [f"ir_r3_k3_s2_e{e[2]}_c80_se0.25"],
+                    ["ir_r3_k5_s1_e6_c112_se0.25"], ["ir_r4_k5_s2_e6_c192_se0.25"],
+                    ["ir_r1_k3_s1_e6_c320_se0.25"]],
+              dm=dm, stem=32, round=(cm, 8, 0.9), features=round_channels(1280, cm), act="silu")
 
 
 def _mixnet_s(cm=1.0):
@@ -550,6 +583,8 @@ GENERATORS: dict[str, tuple] = {
     **{f"tf_efficientnet_lite{i}": (_efficientnet_lite, dict(cm=cm, dm=dm), True)
        for i, (cm, dm) in enumerate(_LITE_SCALES)},
     "tf_efficientnetv2_xl": (_efficientnetv2_xl, {}, True),
+    "efficientnet_x_b5": (_efficientnet_x, dict(cm=1.6, dm=2.2), False),
+    "efficientnet_h_b5": (_efficientnet_x, dict(cm=1.92, dm=2.2, version=2), False),
     "gc_efficientnetv2_rw_t": (_gc_efficientnetv2, dict(cm=0.8, dm=0.9), False),
     "mixnet_s": (_mixnet_s, dict(cm=1.0), False),
     "mixnet_m": (_mixnet_m, dict(cm=1.0), False),

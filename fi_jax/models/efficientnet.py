@@ -486,7 +486,13 @@ class MBBlock(nn.Module):
     groups = o.get("groups", -1 if kind in ("ds", "ir", "uir") else 1)
     exp_k, pw_k = o.get("exp_k", 1), o.get("pw_k", 1)
     y = x
-    if kind == "ds":
+    if kind == "ds" and o.get("s2d"):   # space-to-depth start: convs padded "SAME"
+      same = {**kw, "same_pad": True}
+      y = conv_bn(y, self.mid, 2, 2, act=act, conv_name="conv_s2d", bn_name="bn_s2d", **same)
+      y = conv_bn(y, self.mid, k, 1, groups, act, conv_name="conv_dw", bn_name="bn1", **same)
+      y = conv_bn(se(y), self.out, pw_k, act=o.get("pw_act", False) and act,
+                  conv_name="conv_pw", bn_name="bn2", **kw)
+    elif kind == "ds":
       y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_dw", bn_name="bn1", **aa, **kw)
       y = conv_bn(se(y), self.out, pw_k, act=o.get("pw_act", False) and act,
                   conv_name="conv_pw", bn_name="bn2", **kw)

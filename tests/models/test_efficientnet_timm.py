@@ -63,12 +63,14 @@ def _timm_case(name):
                               norm_layer=functools.partial(torch.nn.BatchNorm2d, eps=1e-3))
     cfg = dict(arch=_EFFNET_ARCH, features=64, stem=16, stem_k=5, tf=True, act="relu6")
     return m, cfg, "tf_mixnet_m.in1k", (64, 47)
-  if name == "global_context":   # GlobalContext attention in SE's place
-    arch = [["er_r1_k3_s2_e4_c24_se0.25"], ["ir_r2_k3_s2_e6_c32_se0.25"]]
+  if name == "global_context_s2d":   # GlobalContext attention in SE's place, space-to-depth
+    # (its convs pad "SAME" in a PyTorch-padded model: odd input size too)
+    arch = [["ds_r2_k3_s1_e1_c16_se0.25_d1"], ["er_r1_k3_s2_e4_c24_se0.25"],
+            ["ir_r2_k3_s2_e6_c32_se0.25"]]
     m = timm_eff.EfficientNet(decode_arch_def(arch), num_classes=NUM_CLASSES, num_features=64,
                               stem_size=16, act_layer=torch.nn.SiLU, se_layer="gc")
     cfg = dict(arch=arch, features=64, stem=16, act="silu", se_kind="gc", se_round="half_up")
-    return m, cfg, "gc_efficientnetv2_rw_t.agc_in1k", (64,)
+    return m, cfg, "gc_efficientnetv2_rw_t.agc_in1k", (64, 47)
   if name == "mobilenetv3":    # pooled head with bias, hard-swish, hard-sigmoid SE (ReLU),
     # average-pool anti-aliasing
     m = timm_mnv3.MobileNetV3(decode_arch_def(_MNV3_ARCH), num_classes=NUM_CLASSES,
@@ -109,7 +111,8 @@ def _ref(m, img):
     return m(x).numpy(), m.forward_head(m.forward_features(x), pre_logits=True).numpy()
 
 
-@pytest.mark.parametrize("name", ["effnet_tf", "global_context", "mobilenetv3", "mobilenetv4"])
+@pytest.mark.parametrize("name", ["effnet_tf", "global_context_s2d", "mobilenetv3",
+                                  "mobilenetv4"])
 def test_timm_block_vocabulary_matches(name, tmp_path):
   m, cfg, tag, sizes = _timm_case(name)
   m = _perturb(m)
@@ -174,7 +177,7 @@ def _expected_acts(block, arch):
   opts = dict(opts)
   act = opts.get("act", arch["act"])
   se_acts = [arch["se_act"] or act, arch["se_gate"]] if se else []
-  return {"ds": [act] + se_acts + [act] * bool(opts.get("pw_act")),
+  return {"ds": [act] * (1 + bool(opts.get("s2d"))) + se_acts + [act] * bool(opts.get("pw_act")),
           "ir": [act, act] + se_acts, "er": [act] + se_acts, "cn": [act],
           "uir": [act] + [act] * bool(k), "mqa": []}[kind]
 
@@ -201,7 +204,10 @@ def _check_full(name):
   # timm builds fbnetc_100 with eps 1e-3 only when it loads the pretrained weights
   assert eps == ({1e-5} if name == "fbnetc_100" else {arch["bn_eps"]} if arch["norm"] == "bn"
                  else set())
-  same = any(type(mod).__name__ == "Conv2dSame" for mod in ref.modules())
+  s2d = {f"blocks.{i}.{j}." for i, stage in enumerate(arch["stages"])
+         for j, b in enumerate(stage) if dict(b[8]).get("s2d")}   # (pads "SAME" anyway)
+  same = any(type(mod).__name__ == "Conv2dSame" for n, mod in ref.named_modules()
+             if not any(n.startswith(p) for p in s2d))
   assert same == arch["same_pad"]
 
 
@@ -213,7 +219,7 @@ FULL = ("mnasnet_100", "semnasnet_075", "mnasnet_small", "spnasnet_100", "mobile
         "mobilenetv3_rw", "mobilenetv3_small_050", "tf_mobilenetv3_large_minimal_100",
         "fbnetv3_b", "lcnet_050", "mobilenetv4_conv_small_050", "mobilenetv4_hybrid_medium",
         "mobilenetv4_conv_blur_medium", "tf_efficientnet_cc_b0_8e", "efficientnet_b1_pruned",
-        "gc_efficientnetv2_rw_t", "test_efficientnet_gn")
+        "gc_efficientnetv2_rw_t", "test_efficientnet_gn", "efficientnet_h_b5")
 
 
 @pytest.mark.slow

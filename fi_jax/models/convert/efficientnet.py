@@ -29,6 +29,7 @@ _TV_BLOCKS = {
 # timm block layers (sub-layer paths; MixNet's split convs end in ".<i>")
 _TIMM_BLOCK_LAYER = re.compile(
     r"(conv_pw|conv_dw|conv_pwl|conv_exp|conv)(\.\d+)?|bn[123]|se\.conv_(reduce|expand)|norm"
+    r"|conv_s2d|bn_s2d"
     r"|se\.conv_attn|se\.mlp_scale\.(fc1|fc2|norm)"
     r"|(dw_start|pw_exp|dw_mid|pw_proj|dw_end)\.(conv|bn)"
     r"|attn\.(query|key|value|output)\.proj|attn\.(key|value)\.(down_conv|norm)|routing_fn")
@@ -46,7 +47,7 @@ def _layer(flat: dict, path: str, leaf: str, v: np.ndarray, key: str, where: str
   name = path.rsplit("/", 1)[-1]
   if name == "mlp_scale_norm":    # GlobalContext's LayerNorm
     flat[f"{path}/{ {'weight': 'scale', 'bias': 'bias'}[leaf]}"] = np.asarray(v)
-  elif re.search(r"(^|_)(bn\d?|norm)$", name):
+  elif re.search(r"(^|_)(bn\d?|norm)$", name) or name == "bn_s2d":
     if leaf not in _BN:
       raise CheckpointError(f"Unexpected BatchNorm tensor {key!r} in {where}.")
     flat[f"{path}/{_BN[leaf]}"] = np.asarray(v)
