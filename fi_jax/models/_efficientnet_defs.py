@@ -19,6 +19,9 @@ A block is `(kind, kernel, stride, in_chs, mid_chs, out_chs, se_chs, residual, o
   k_start / k_end   UniversalInvertedResidual's extra depthwise convs (kernel 0: none)
   heads / key_dim / kv_stride   MobileAttention (multi-query attention)
   layer_scale    a learned per-channel scale before the residual
+  experts   CondConv: the block's convs mix this many expert kernels per sample
+  s2d       a DepthwiseSeparable block that starts space-to-depth (a 2x2 stride-2 conv to 4x
+            channels first; the block's stride is 2 and its depthwise kernel (k + 1) // 2)
 The `kernel` is a tuple for MixNet's mixed depthwise convs (channels split across kernels).
 """
 from __future__ import annotations

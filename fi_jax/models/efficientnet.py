@@ -1,8 +1,12 @@
-"""EfficientNet (B0-B7) and EfficientNetV2 (S/M/L) as in torchvision and timm, in Flax.
+"""EfficientNet (B0-B7) and EfficientNetV2 (S/M/L) as in torchvision and timm, and the other
+models timm builds from its arch strings (MnasNet, MobileNet V1-V4, MixNet, EfficientNet-Lite /
+-EdgeTPU / -CondConv / -X, FBNet, LCNet, TinyNet, ...: `_efficientnet_defs`), in Flax.
 
 One module covers both libraries: a stem conv, stages of blocks, a 1x1 head conv, global
-average pooling and the `head` Dense. The blocks use timm's vocabulary (torchvision builds the
-same four kinds under other names):
+average pooling and the `head` Dense (MobileNetV3 / V4: pooling before the head conv; see
+`_Model`). The blocks use timm's vocabulary (torchvision builds the first four kinds under
+other names; the arch-string models add options and the 'uir' / 'mqa' kinds, see `MBBlock` and
+`_efficientnet_defs`):
 
   'ds' depthwise-separable  conv_dw(k, s) bn1 act | se | conv_pw bn2   (MBConv, expand 1)
   'ir' inverted residual    conv_pw bn1 act | conv_dw(k, s) bn2 act | se | conv_pwl bn3  (MBConv)
@@ -37,7 +41,8 @@ from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import efficientnet as convert
 from fi_jax.models.convert import readers
 
-# One block: (kind, kernel, stride, in_chs, mid_chs, out_chs, se_chs, residual).
+# One block: (kind, kernel, stride, in_chs, mid_chs, out_chs, se_chs, residual[, opts]) (opts:
+# see fi_jax/models/_efficientnet_defs.py).
 Block = tuple
 
 
