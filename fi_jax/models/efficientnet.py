@@ -338,7 +338,7 @@ class EvoNormS0(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    c = x.shape[-1]
+    c, dtype = x.shape[-1], x.dtype
     scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
     bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
     if self.act:
@@ -347,7 +347,7 @@ class EvoNormS0(nn.Module):
       g = xf.reshape(x.shape[:-1] + (self.groups, c // self.groups))
       std = jnp.sqrt(jnp.var(g, axis=(1, 2, 4), keepdims=True) + self.eps)
       x = (xf * nn.sigmoid(xf * v) / jnp.broadcast_to(std, g.shape).reshape(x.shape))
-    return (x * scale + bias).astype(x.dtype)
+    return (x * scale + bias).astype(dtype)
 
 
 def norm_act(x, norm: str, eps: float, act: Any, name: str):
@@ -385,7 +385,9 @@ def conv_bn(x, features: int, kernel=1, stride: int = 1, groups: int = 1,
 class CondConv(nn.Module):
   """timm's CondConv2d: a conv whose kernel is a per-sample mix of `experts` kernels,
   sum_e routing[b, e] * kernel[e]. `kernel` keeps timm's layout [experts, out * in / groups *
-  kh * kw] (torch's (out, in / groups, kh, kw) order flattened)."""
+  kh * kw] (torch's (out, in / groups, kh, kw) order flattened). The 1x1 convs run as
+  per-sample matmuls, the depthwise ones as shifted slices times per-sample weights (as
+  `_blocks.DepthwiseConv`, accumulated in float32)."""
   features: int
   kernel_size: int
   stride: int = 1
@@ -403,13 +405,22 @@ class CondConv(nn.Module):
     kernel = self.param("kernel", nn.initializers.lecun_normal(),
                         (self.experts, int(np.prod(shape))), jnp.float32)
     w = jnp.einsum("be,ek->bk", routing, kernel, precision=self.precision)
-    w = w.reshape((-1,) + shape).transpose(0, 3, 4, 2, 1).astype(self.dtype)   # [B, HWIO]
+    w = w.reshape((-1,) + shape).transpose(0, 3, 4, 2, 1)   # [B, kh, kw, in / groups, out]
     p = ((self.stride - 1) + (k - 1)) // 2
     pad = "SAME" if self.same_pad else ((p, p), (p, p))
-    one = lambda xi, wi: jax.lax.conv_general_dilated(
-        xi[None], wi, (self.stride, self.stride), pad, feature_group_count=groups,
-        dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=self.precision)[0]
-    return jax.vmap(one)(x.astype(self.dtype), w)
+    if k == 1 and groups == 1 and self.stride == 1:   # pointwise: a per-sample matmul
+      return jnp.einsum("bhwc,bco->bhwo", x.astype(self.dtype), w[:, 0, 0].astype(self.dtype),
+                        precision=self.precision)
+    if groups == cin == self.features:   # depthwise: shifted slices times per-sample weights
+      (pt, pb), (pl, pr) = _blocks._pads(x.shape[1:3], (k, k), (self.stride,) * 2, pad)
+      xp = jnp.pad(x.astype(jnp.float32), ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+      oh, ow = (xp.shape[1] - k) // self.stride + 1, (xp.shape[2] - k) // self.stride + 1
+      sl = lambda i, n: slice(i, i + (n - 1) * self.stride + 1, self.stride)
+      y = sum(xp[:, sl(i, oh), sl(j, ow), :] * w[:, i, j, 0][:, None, None, :].astype(jnp.float32)
+              for i in range(k) for j in range(k))
+      return y.astype(self.dtype)
+    raise ValueError(f"CondConv is ported for 1x1 stride-1 and depthwise convs (timm's "
+                     f"CondConvResidual), not kernel {k}, stride {self.stride}, groups {groups}.")
 
 
 class SqueezeExcite(nn.Module):
