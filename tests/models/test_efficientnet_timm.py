@@ -111,8 +111,10 @@ def _ref(m, img):
     return m(x).numpy(), m.forward_head(m.forward_features(x), pre_logits=True).numpy()
 
 
-@pytest.mark.parametrize("name", ["effnet_tf", "global_context_s2d", "mobilenetv3",
-                                  "mobilenetv4"])
+@pytest.mark.parametrize("name", [   # (the two-size cases and the deepest one are slow)
+    pytest.param("effnet_tf", marks=pytest.mark.slow),
+    pytest.param("global_context_s2d", marks=pytest.mark.slow), "mobilenetv3",
+    pytest.param("mobilenetv4", marks=pytest.mark.slow)])
 def test_timm_block_vocabulary_matches(name, tmp_path):
   m, cfg, tag, sizes = _timm_case(name)
   m = _perturb(m)
