@@ -229,6 +229,18 @@ def eva02_s(args) -> list[dict]:
   return _timm_zoo_bench(args, "timm/eva02_small_patch14_336.mim_in22k_ft_in1k", "EVA-02-S")
 
 
+def mobilenets(args) -> list[dict]:
+  """timm's arch-string models with new blocks: MobileNetV3-L (hard-swish, pooled head),
+  MixNet-M (mixed kernels), MobileNetV4 hybrid-M (UIR, multi-query attention), EfficientNet
+  CondConv B0 (per-sample kernels)."""
+  return [row for name, label in (
+      ("timm/mobilenetv3_large_100.ra_in1k", "MobileNetV3-L"),
+      ("timm/mixnet_m.ft_in1k", "MixNet-M"),
+      ("timm/mobilenetv4_hybrid_medium.e500_r224_in1k", "MobileNetV4-hybrid-M"),
+      ("timm/tf_efficientnet_cc_b0_4e.in1k", "EfficientNet-CC-B0-4e"))
+      for row in _timm_zoo_bench(args, name, label)]
+
+
 def resnet50_stages(args) -> list[dict]:
   """Where ResNet-50's forward time goes in fi_jax vs torch: stem and each stage alone
   (batch `args.batch`, 224 px), plus XLA's cost analysis (FLOPs) of the whole forward."""
@@ -294,7 +306,7 @@ def resnet50_stages(args) -> list[dict]:
 
 
 BENCHMARKS: list[Callable] = [vit_b16, clip_b16, resnet50, convnext_t, swin_t, efficientnet_b0,
-                              convnextv2_t, eva02_s, resnet50_stages]
+                              convnextv2_t, eva02_s, mobilenets, resnet50_stages]
 
 
 def main() -> None:

@@ -1,8 +1,12 @@
-"""EfficientNet (B0-B7) and EfficientNetV2 (S/M/L) as in torchvision and timm, in Flax.
+"""EfficientNet (B0-B7) and EfficientNetV2 (S/M/L) as in torchvision and timm, and the other
+models timm builds from its arch strings (MnasNet, MobileNet V1-V4, MixNet, EfficientNet-Lite /
+-EdgeTPU / -CondConv / -X, FBNet, LCNet, TinyNet, ...: `_efficientnet_defs`), in Flax.
 
 One module covers both libraries: a stem conv, stages of blocks, a 1x1 head conv, global
-average pooling and the `head` Dense. The blocks use timm's vocabulary (torchvision builds the
-same four kinds under other names):
+average pooling and the `head` Dense (MobileNetV3 / V4: pooling before the head conv; see
+`_Model`). The blocks use timm's vocabulary (torchvision builds the first four kinds under
+other names; the arch-string models add options and the 'uir' / 'mqa' kinds, see `MBBlock` and
+`_efficientnet_defs`):
 
   'ds' depthwise-separable  conv_dw(k, s) bn1 act | se | conv_pw bn2   (MBConv, expand 1)
   'ir' inverted residual    conv_pw bn1 act | conv_dw(k, s) bn2 act | se | conv_pwl bn3  (MBConv)
@@ -27,15 +31,18 @@ from typing import Any, Mapping, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fi_jax.data import preprocess
 from fi_jax.models import _blocks
 from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import _efficientnet_defs as defs
 from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import efficientnet as convert
 from fi_jax.models.convert import readers
 
-# One block: (kind, kernel, stride, in_chs, mid_chs, out_chs, se_chs, residual).
+# One block: (kind, kernel, stride, in_chs, mid_chs, out_chs, se_chs, residual[, opts]) (opts:
+# see fi_jax/models/_efficientnet_defs.py).
 Block = tuple
 
 
@@ -192,6 +199,12 @@ def _archs() -> dict[str, dict]:
   for i, (w, dm) in enumerate(_B_SCALES[:4]):
     archs[f"timm/tf_efficientnetv2_b{i}"] = {**timm_arch("efficientnetv2_base", w, dm, tf=True),
                                              "source": "timm"}
+  # the rest of timm's arch-def built models (MnasNet, MobileNet V1-V4, MixNet, Lite, EdgeTPU,
+  # FBNet, LCNet, TinyNet, ...): fi_jax.models._efficientnet_defs
+  for name in defs.GENERATORS:
+    archs[f"timm/{name}"] = {**defs.timm_model_arch(name), "source": "timm"}
+  for name in defs.PRUNED:
+    archs[f"timm/{name}"] = {**defs.pruned_arch(name), "source": "timm"}
   return archs
 
 
@@ -249,47 +262,215 @@ PRETRAINED: dict[str, dict] = {
 
 # ----------------------------------------------------------------------------- modules
 
-def conv_bn(x, features: int, kernel: int = 1, stride: int = 1, groups: int = 1,
-            act: bool = True, *, conv_name: str, bn_name: str, bn_eps: float = 1e-5,
-            same_pad: bool = False, dtype: Any = jnp.float32,
-            precision: Any = jax.lax.Precision.HIGHEST):
-  """Conv (no bias) -> BatchNorm -> optional SiLU, as sibling params `conv_name`, `bn_name` of
-  the calling module; `groups=-1` makes the conv depthwise."""
+_ACTS = {"relu": nn.relu, "relu6": nn.relu6, "silu": nn.silu, "hard_swish": nn.hard_swish,
+         "hard_sigmoid": nn.hard_sigmoid, "sigmoid": nn.sigmoid,
+         "gelu": lambda x: nn.gelu(x, approximate=False)}
+
+
+def activation(x, act):
+  """`act`: a name of `_ACTS` (torch's definitions: hard_swish = x * relu6(x + 3) / 6, gelu
+  exact), True for SiLU, or None / False for none."""
+  if act is True:
+    return nn.silu(x)
+  if not act:
+    return x
+  if act not in _ACTS:
+    raise ValueError(f"Unknown activation {act!r}; known: {sorted(_ACTS)}.")
+  return _ACTS[act](x)
+
+
+def _split(n: int, parts: int) -> list[int]:
+  """timm MixedConv2d's channel split: equal parts, the remainder to the first."""
+  split = [n // parts] * parts
+  split[0] += n - sum(split)
+  return split
+
+
+def conv(x, features: int, kernel, stride: int = 1, groups: int = 1, *, name: str,
+         same_pad: bool = False, bias: bool = False, dtype: Any = jnp.float32,
+         precision: Any = jax.lax.Precision.HIGHEST):
+  """A timm `create_conv2d` conv as param `name` of the calling module. `groups=-1`:
+  depthwise. A tuple `kernel` is timm's MixedConv2d: input and output channels split into
+  len(kernel) parts (`_split`), part i convolved with kernel[i] (depthwise or dense) as param
+  `<name>_<i>`, the results concatenated. Padding: TensorFlow "SAME" for the tf_ ports, else
+  PyTorch's symmetric ((stride - 1) + (kernel - 1)) // 2."""
+  if isinstance(kernel, (tuple, list)):
+    ins, outs = _split(x.shape[-1], len(kernel)), _split(features, len(kernel))
+    parts = jnp.split(x, list(np.cumsum(ins)[:-1]), axis=-1)
+    return jnp.concatenate([
+        conv(p, o, k, stride, groups, name=f"{name}_{i}", same_pad=same_pad, bias=bias,
+             dtype=dtype, precision=precision)
+        for i, (p, o, k) in enumerate(zip(parts, outs, kernel))], axis=-1)
   if same_pad:     # TensorFlow SAME: lax puts total // 2 before, the rest after (as TF)
     pad = "SAME"
-  else:            # PyTorch: symmetric (k - 1) // 2
-    p = (kernel - 1) // 2
+  else:
+    p = ((stride - 1) + (kernel - 1)) // 2
     pad = ((p, p), (p, p))
   if groups == -1 and features == x.shape[-1]:   # depthwise: fast on XLA:CPU too
-    x = _blocks.DepthwiseConv((kernel, kernel), (stride, stride), pad, use_bias=False,
-                              dtype=dtype, precision=precision, name=conv_name)(x)
-  else:
-    x = nn.Conv(features, (kernel, kernel), (stride, stride), pad,
-                feature_group_count=x.shape[-1] if groups == -1 else groups, use_bias=False,
-                dtype=dtype, param_dtype=jnp.float32, precision=precision, name=conv_name)(x)
-  x = _blocks.BatchNorm(bn_eps, name=bn_name)(x)
-  return nn.silu(x) if act else x
+    return _blocks.DepthwiseConv((kernel, kernel), (stride, stride), pad, use_bias=bias,
+                                 dtype=dtype, precision=precision, name=name)(x)
+  return nn.Conv(features, (kernel, kernel), (stride, stride), pad,
+                 feature_group_count=x.shape[-1] if groups == -1 else groups, use_bias=bias,
+                 dtype=dtype, param_dtype=jnp.float32, precision=precision, name=name)(x)
+
+
+def anti_alias(x, kind: str, stride: int):
+  """timm's anti-aliased downsampling after a strided conv's norm and activation (the conv
+  then runs at stride 1): "avg" AvgPool2d(stride), "blurpc" BlurPool2d (binomial 3x3 filter,
+  zero padding 1, depthwise, strided)."""
+  if kind == "avg":
+    return nn.avg_pool(x, (stride, stride), strides=(stride, stride))
+  if kind == "blurpc":
+    f = np.array([1.0, 2.0, 1.0]) / 4
+    kernel = jnp.broadcast_to(jnp.asarray(np.outer(f, f), jnp.float32)[:, :, None, None],
+                              (3, 3, 1, x.shape[-1]))
+    y = _blocks.shifted_depthwise(x, kernel, (stride, stride), ((1, 1), (1, 1)))
+    return y.astype(x.dtype)
+  raise ValueError(f"Unknown anti-aliasing {kind!r}; use 'avg' or 'blurpc'.")
+
+
+class EvoNormS0(nn.Module):
+  """timm's EvoNorm2dS0: x * sigmoid(v * x) / group_std(x) * scale + bias (with `act`), else
+  only the affine scale and bias."""
+  groups: int
+  eps: float = 1e-5
+  act: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    c, dtype = x.shape[-1], x.dtype
+    scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
+    if self.act:
+      v = self.param("v", nn.initializers.ones, (c,), jnp.float32)
+      xf = x.astype(jnp.float32)
+      g = xf.reshape(x.shape[:-1] + (self.groups, c // self.groups))
+      std = jnp.sqrt(jnp.var(g, axis=(1, 2, 4), keepdims=True) + self.eps)
+      x = (xf * nn.sigmoid(xf * v) / jnp.broadcast_to(std, g.shape).reshape(x.shape))
+    return (x * scale + bias).astype(dtype)
+
+
+def norm_act(x, norm: str, eps: float, act: Any, name: str):
+  """Norm layer `name` then `activation(act)`. `norm`: "bn" (BatchNorm, running statistics),
+  or timm's normalisations of its test models: "gn<g>" GroupNormAct with <g> channels per
+  group, "ln" LayerNormAct2d (over channels), "evos<g>" EvoNorm2dS0 (its own nonlinearity in
+  place of `act`)."""
+  if norm == "bn":
+    return activation(_blocks.BatchNorm(eps, name=name)(x), act)
+  if norm == "ln":
+    return activation(nn.LayerNorm(eps, param_dtype=jnp.float32, name=name)(x), act)
+  if norm.startswith("gn"):
+    y = nn.GroupNorm(x.shape[-1] // int(norm[2:]), epsilon=eps, param_dtype=jnp.float32,
+                     name=name)(x)
+    return activation(y, act)
+  if norm.startswith("evos"):
+    return EvoNormS0(x.shape[-1] // int(norm[4:]), eps, bool(act), name=name)(x)
+  raise ValueError(f"Unknown norm {norm!r}; use bn, ln, gn<group size> or evos<group size>.")
+
+
+def conv_bn(x, features: int, kernel=1, stride: int = 1, groups: int = 1,
+            act: Any = True, *, conv_name: str, bn_name: str, bn_eps: float = 1e-5,
+            same_pad: bool = False, aa: Optional[str] = None, norm: str = "bn",
+            dtype: Any = jnp.float32, precision: Any = jax.lax.Precision.HIGHEST):
+  """`conv` (no bias) -> `norm_act` (BatchNorm, `activation(act)`, True: SiLU), as sibling
+  params `conv_name`, `bn_name` of the calling module; with `aa` a strided conv runs at stride
+  1 and `anti_alias` downsamples after the activation."""
+  use_aa = aa is not None and stride > 1
+  x = conv(x, features, kernel, 1 if use_aa else stride, groups, name=conv_name,
+           same_pad=same_pad, dtype=dtype, precision=precision)
+  x = norm_act(x, norm, bn_eps, act, bn_name)
+  return anti_alias(x, aa, stride) if use_aa else x
+
+
+class CondConv(nn.Module):
+  """timm's CondConv2d: a conv whose kernel is a per-sample mix of `experts` kernels,
+  sum_e routing[b, e] * kernel[e]. `kernel` keeps timm's layout [experts, out * in / groups *
+  kh * kw] (torch's (out, in / groups, kh, kw) order flattened). The 1x1 convs run as
+  per-sample matmuls, the depthwise ones as shifted slices times per-sample weights (as
+  `_blocks.DepthwiseConv`, accumulated in float32)."""
+  features: int
+  kernel_size: int
+  stride: int = 1
+  groups: int = 1
+  experts: int = 1
+  same_pad: bool = False
+  dtype: Any = jnp.float32
+  precision: Any = jax.lax.Precision.HIGHEST
+
+  @nn.compact
+  def __call__(self, x, routing):
+    k, cin = self.kernel_size, x.shape[-1]
+    groups = cin if self.groups == -1 else self.groups
+    shape = (self.features, cin // groups, k, k)
+    kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                        (self.experts, int(np.prod(shape))), jnp.float32)
+    w = jnp.einsum("be,ek->bk", routing, kernel, precision=self.precision)
+    w = w.reshape((-1,) + shape).transpose(0, 3, 4, 2, 1)   # [B, kh, kw, in / groups, out]
+    p = ((self.stride - 1) + (k - 1)) // 2
+    pad = "SAME" if self.same_pad else ((p, p), (p, p))
+    if k == 1 and groups == 1 and self.stride == 1:   # pointwise: a per-sample matmul
+      return jnp.einsum("bhwc,bco->bhwo", x.astype(self.dtype), w[:, 0, 0].astype(self.dtype),
+                        precision=self.precision)
+    if groups == cin == self.features:   # depthwise: shifted slices times per-sample weights
+      (pt, pb), (pl, pr) = _blocks._pads(x.shape[1:3], (k, k), (self.stride,) * 2, pad)
+      xp = jnp.pad(x.astype(jnp.float32), ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+      oh, ow = (xp.shape[1] - k) // self.stride + 1, (xp.shape[2] - k) // self.stride + 1
+      sl = lambda i, n: slice(i, i + (n - 1) * self.stride + 1, self.stride)
+      y = sum(xp[:, sl(i, oh), sl(j, ow), :] * w[:, i, j, 0][:, None, None, :].astype(jnp.float32)
+              for i in range(k) for j in range(k))
+      return y.astype(self.dtype)
+    raise ValueError(f"CondConv is ported for 1x1 stride-1 and depthwise convs (timm's "
+                     f"CondConvResidual), not kernel {k}, stride {self.stride}, groups {groups}.")
 
 
 class SqueezeExcite(nn.Module):
-  """x * sigmoid(conv_expand(silu(conv_reduce(mean_hw(x)))))."""
+  """x * gate(conv_expand(act(conv_reduce(mean_hw(x))))) (timm's defaults: SiLU, sigmoid)."""
   reduced: int
   dtype: Any = jnp.float32
   precision: Any = jax.lax.Precision.HIGHEST
+  act: str = "silu"
+  gate: str = "sigmoid"
 
   @nn.compact
   def __call__(self, x):
     conv = lambda c, name: nn.Conv(c, (1, 1), dtype=self.dtype, param_dtype=jnp.float32,
                                    precision=self.precision, name=name)
     s = jnp.mean(x.astype(jnp.float32), axis=(1, 2), keepdims=True).astype(x.dtype)
-    s = conv(x.shape[-1], "conv_expand")(nn.silu(conv(self.reduced, "conv_reduce")(s)))
-    return x * nn.sigmoid(s)
+    s = conv(x.shape[-1], "conv_expand")(activation(conv(self.reduced, "conv_reduce")(s),
+                                                    self.act))
+    return x * activation(s, self.gate)
+
+
+class GlobalContext(nn.Module):
+  """timm's GlobalContext attention in SE's place (fuse_scale): context = the softmax(
+  conv_attn(x))-weighted mean over positions; x * gate(fc2(act(LayerNorm(fc1(context)))))."""
+  reduced: int
+  dtype: Any = jnp.float32
+  precision: Any = jax.lax.Precision.HIGHEST
+  act: str = "silu"
+  gate: str = "sigmoid"
+
+  @nn.compact
+  def __call__(self, x):
+    conv = lambda c, name: nn.Conv(c, (1, 1), dtype=jnp.float32, param_dtype=jnp.float32,
+                                   precision=self.precision, name=name)
+    b, h, w, c = x.shape
+    xf = x.astype(jnp.float32)
+    attn = jax.nn.softmax(conv(1, "conv_attn")(xf).reshape(b, h * w), axis=-1)
+    ctx = jnp.einsum("bl,blc->bc", attn, xf.reshape(b, h * w, c),
+                     precision=self.precision)[:, None, None, :]
+    y = nn.LayerNorm(1e-6, param_dtype=jnp.float32, name="mlp_scale_norm")(
+        conv(self.reduced, "mlp_scale_fc1")(ctx))
+    y = conv(c, "mlp_scale_fc2")(activation(y, self.act))
+    return x * activation(y, self.gate).astype(x.dtype)
 
 
 class MBBlock(nn.Module):
-  """One 'ds' / 'ir' / 'er' / 'cn' block (see the module docstring); parameter names as timm."""
+  """One block of timm's vocabulary (see the module docstring and
+  `fi_jax.models._efficientnet_defs` for `opts`); parameter names as timm's, with a dotted
+  sub-layer path joined by '_' (timm `conv_dw.0` -> `conv_dw_0`, `pw_exp.bn` -> `pw_exp_bn`)."""
   kind: str
-  kernel: int
+  kernel: Any
   stride: int
   mid: int
   out: int
@@ -299,34 +480,118 @@ class MBBlock(nn.Module):
   same_pad: bool = False
   dtype: Any = jnp.float32
   precision: Any = jax.lax.Precision.HIGHEST
+  act: str = "silu"
+  se_gate: str = "sigmoid"
+  se_act: Optional[str] = None
+  opts: tuple = ()
+  aa: Optional[str] = None
+  norm: str = "bn"
+  se_kind: str = "se"
 
   @nn.compact
   def __call__(self, x):
+    o = dict(self.opts)
+    act = o.get("act", self.act)
     kw = dict(bn_eps=self.bn_eps, same_pad=self.same_pad, dtype=self.dtype,
-              precision=self.precision)
-    se = lambda y: (SqueezeExcite(self.se, self.dtype, self.precision, name="se")(y)
-                    if self.se else y)
-    k, s = self.kernel, self.stride
+              precision=self.precision, norm=self.norm)
+    attn = GlobalContext if self.se_kind == "gc" else SqueezeExcite
+    se = lambda y: (attn(self.se, self.dtype, self.precision, self.se_act or act,
+                         self.se_gate, name="se")(y) if self.se else y)
+    k, s, kind = self.kernel, self.stride, self.kind
+    aa = dict(aa=self.aa)   # timm passes its aa_layer to a block's strided spatial conv
+    groups = o.get("groups", -1 if kind in ("ds", "ir", "uir") else 1)
+    exp_k, pw_k = o.get("exp_k", 1), o.get("pw_k", 1)
     y = x
-    if self.kind == "ds":
-      y = conv_bn(y, self.mid, k, s, -1, conv_name="conv_dw", bn_name="bn1", **kw)
-      y = conv_bn(se(y), self.out, act=False, conv_name="conv_pw", bn_name="bn2", **kw)
-    elif self.kind == "ir":
-      y = conv_bn(y, self.mid, conv_name="conv_pw", bn_name="bn1", **kw)
-      y = conv_bn(y, self.mid, k, s, -1, conv_name="conv_dw", bn_name="bn2", **kw)
-      y = conv_bn(se(y), self.out, act=False, conv_name="conv_pwl", bn_name="bn3", **kw)
-    elif self.kind == "er":
-      y = conv_bn(y, self.mid, k, s, conv_name="conv_exp", bn_name="bn1", **kw)
-      y = conv_bn(se(y), self.out, act=False, conv_name="conv_pwl", bn_name="bn2", **kw)
-    elif self.kind == "cn":
-      y = conv_bn(y, self.out, k, s, conv_name="conv", bn_name="bn1", **kw)
+    if kind == "ds" and o.get("s2d"):   # space-to-depth start: convs padded "SAME"
+      same = {**kw, "same_pad": True}
+      y = conv_bn(y, self.mid, 2, 2, act=act, conv_name="conv_s2d", bn_name="bn_s2d", **same)
+      y = conv_bn(y, self.mid, k, 1, groups, act, conv_name="conv_dw", bn_name="bn1", **same)
+      y = conv_bn(se(y), self.out, pw_k, act=o.get("pw_act", False) and act,
+                  conv_name="conv_pw", bn_name="bn2", **kw)
+    elif kind == "ds":
+      y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_dw", bn_name="bn1", **aa, **kw)
+      y = conv_bn(se(y), self.out, pw_k, act=o.get("pw_act", False) and act,
+                  conv_name="conv_pw", bn_name="bn2", **kw)
+    elif kind == "ir" and o.get("experts"):   # timm CondConvResidual
+      y = self._cond_conv(x, o["experts"], act, se)
+    elif kind == "ir":
+      y = conv_bn(y, self.mid, exp_k, act=act, conv_name="conv_pw", bn_name="bn1", **kw)
+      y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_dw", bn_name="bn2", **aa, **kw)
+      y = conv_bn(se(y), self.out, pw_k, act=False, conv_name="conv_pwl", bn_name="bn3", **kw)
+    elif kind == "er":
+      y = conv_bn(y, self.mid, k, s, groups, act, conv_name="conv_exp", bn_name="bn1", **aa,
+                  **kw)
+      y = conv_bn(se(y), self.out, pw_k, act=False, conv_name="conv_pwl", bn_name="bn2", **kw)
+    elif kind == "cn":
+      y = conv_bn(y, self.out, k, s, groups, act, conv_name="conv", bn_name="bn1", **aa, **kw)
+    elif kind == "uir":   # timm UniversalInvertedResidual (MobileNetV4)
+      k0, k1 = o.get("k_start", 0), o.get("k_end", 0)
+      if k0:
+        y = conv_bn(y, y.shape[-1], k0, 1 if k else s, groups, False,
+                    conv_name="dw_start_conv", bn_name="dw_start_bn", **aa, **kw)
+      y = conv_bn(y, self.mid, 1, act=act, conv_name="pw_exp_conv", bn_name="pw_exp_bn", **kw)
+      if k:
+        y = conv_bn(y, self.mid, k, s, groups, act, conv_name="dw_mid_conv",
+                    bn_name="dw_mid_bn", **aa, **kw)
+      y = conv_bn(y, self.out, 1, act=False, conv_name="pw_proj_conv", bn_name="pw_proj_bn",
+                  **kw)
+      if k1:
+        y = conv_bn(y, self.out, k1, 1 if k0 or k else s, groups, False,
+                    conv_name="dw_end_conv", bn_name="dw_end_bn", **kw)
+    elif kind == "mqa":   # timm MobileAttention with MultiQueryAttention2d (MobileNetV4)
+      y = _blocks.BatchNorm(self.bn_eps, name="norm")(y)
+      y = self._mqa(y, o, k)
     else:
-      raise ValueError(f"Unknown EfficientNet block kind {self.kind!r}; use ds, ir, er or cn.")
+      raise ValueError(f"Unknown EfficientNet block kind {kind!r}; use ds, ir, er, cn, uir "
+                       "or mqa.")
+    if o.get("layer_scale"):
+      y = y * self.param("layer_scale", nn.initializers.ones, (self.out,), jnp.float32
+                         ).astype(y.dtype)
     return y + x if self.residual else y
+
+  def _cond_conv(self, x, experts, act, se):
+    """conv_pw, conv_dw, conv_pwl as CondConvs sharing one routing: sigmoid(routing_fn(mean
+    of the block input))."""
+    pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+    routing = nn.sigmoid(nn.Dense(experts, param_dtype=jnp.float32, precision=self.precision,
+                                  name="routing_fn")(pooled))
+    kw = dict(experts=experts, same_pad=self.same_pad, dtype=self.dtype, precision=self.precision)
+    bn = lambda y, name, a: activation(_blocks.BatchNorm(self.bn_eps, name=name)(y), a)
+    y = bn(CondConv(self.mid, 1, name="conv_pw", **kw)(x, routing), "bn1", act)
+    y = bn(CondConv(self.mid, self.kernel, self.stride, -1, name="conv_dw", **kw)(y, routing),
+           "bn2", act)
+    return bn(CondConv(self.out, 1, name="conv_pwl", **kw)(se(y), routing), "bn3", False)
+
+  def _mqa(self, x, o, k):
+    """Multi-query attention over all positions: per-head queries, one shared key and value
+    head (optionally from a depthwise-strided copy of the input), timm's channel order."""
+    cv = lambda y, c, name: conv(y, c, 1, name=name, dtype=self.dtype, precision=self.precision)
+    heads, dk, stride = o["heads"], o["key_dim"], o.get("kv_stride", 1)
+    b, h, w, _ = x.shape
+
+    def kv(name):
+      y = x
+      if stride > 1:
+        y = conv(y, y.shape[-1], k, stride, -1, name=f"attn_{name}_down_conv",
+                 same_pad=self.same_pad, dtype=self.dtype, precision=self.precision)
+        y = _blocks.BatchNorm(self.bn_eps, name=f"attn_{name}_norm")(y)
+      y = cv(y, dk, f"attn_{name}_proj")
+      return y.reshape(b, -1, dk).astype(jnp.float32)
+
+    q = cv(x, heads * dk, "attn_query_proj").reshape(b, h * w, heads, dk).astype(jnp.float32)
+    keys, values = kv("key"), kv("value")
+    logits = jnp.einsum("blhd,bpd->bhlp", q * dk ** -0.5, keys, precision=self.precision)
+    attn = jax.nn.softmax(logits, axis=-1)
+    y = jnp.einsum("bhlp,bpd->blhd", attn, values, precision=self.precision)
+    y = y.reshape(b, h, w, heads * dk).astype(x.dtype)
+    return cv(y, self.out, "attn_output_proj")
 
 
 class _Model(nn.Module):
-  """EfficientNet / EfficientNetV2 trunk + pooled linear head (see the module docstring)."""
+  """Stem, stages of `MBBlock`s and a head (see the module docstring). `head`: "conv" (timm
+  EfficientNet, torchvision: conv-BN-act, then pooling), "pool_conv" (timm MobileNetV3: pooling,
+  then a 1x1 conv (+bias) and the activation) or "pool_conv_bn" (MobileNetV4: pooling, conv,
+  BN, activation); `head_chs` 0 / None: no head conv."""
   num_classes: Optional[int] = 1000
   stem_chs: int = 32
   stages: Sequence[Sequence[Block]] = ()
@@ -335,26 +600,52 @@ class _Model(nn.Module):
   same_pad: bool = False
   dtype: str = "float32"
   precision: Any = jax.lax.Precision.HIGHEST
+  act: str = "silu"
+  stem_kernel: int = 3
+  head: str = "conv"
+  head_bias: bool = True
+  se_gate: str = "sigmoid"
+  se_act: Optional[str] = None
+  aa: Optional[str] = None
+  norm: str = "bn"
+  se_kind: str = "se"
 
   @nn.compact
   def __call__(self, images, train: bool = False):
     del train   # inference only: running BN statistics, no dropout / stochastic depth
     dtype = jnp.dtype(self.dtype)
-    kw = dict(bn_eps=self.bn_eps, same_pad=self.same_pad, dtype=dtype, precision=self.precision)
+    kw = dict(bn_eps=self.bn_eps, same_pad=self.same_pad, dtype=dtype, precision=self.precision,
+              norm=self.norm)
     out = {}
     x = jnp.asarray(images, jnp.float32).astype(dtype)
-    x = out["stem"] = conv_bn(x, self.stem_chs, 3, 2, conv_name="stem_conv", bn_name="stem_bn",
-                              **kw)
+    x = out["stem"] = conv_bn(x, self.stem_chs, self.stem_kernel, 2, act=self.act,
+                              conv_name="stem_conv", bn_name="stem_bn", **kw)
     for i, stage in enumerate(self.stages):
-      for j, (kind, k, s, cin, mid, cout, se, res) in enumerate(stage):
+      for j, (kind, k, s, cin, mid, cout, se, res, *opts) in enumerate(stage):
         if x.shape[-1] != cin:
           raise ValueError(f"Block {i}.{j} expects {cin} input channels, got {x.shape[-1]}.")
-        x = MBBlock(kind, k, s, mid, cout, se, res, name=f"blocks_{i}_{j}", **kw)(x)
+        x = MBBlock(kind, k, s, mid, cout, se, res, act=self.act, se_gate=self.se_gate,
+                    se_act=self.se_act, opts=opts[0] if opts else (), aa=self.aa,
+                    se_kind=self.se_kind,
+                    name=f"blocks_{i}_{j}", **kw)(x)
       out[f"stage{i}"] = x
-    if self.head_chs:
-      x = conv_bn(x, self.head_chs, conv_name="head_conv", bn_name="head_bn", **kw)
+    if self.head not in ("conv", "pool_conv", "pool_conv_bn"):
+      raise ValueError(f"Unknown head {self.head!r}; use conv, pool_conv or pool_conv_bn.")
+    if self.head_chs and self.head == "conv":
+      x = conv_bn(x, self.head_chs, act=self.act, conv_name="head_conv", bn_name="head_bn",
+                  **kw)
     out["features"] = x
-    x = out["pre_logits"] = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+    x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+    if self.head_chs and self.head != "conv":
+      y = x.astype(dtype)[:, None, None, :]
+      if self.head == "pool_conv":
+        y = conv(y, self.head_chs, 1, name="head_conv", bias=self.head_bias, dtype=dtype,
+                 precision=self.precision)
+      else:
+        y = _blocks.BatchNorm(self.bn_eps, name="head_norm")(
+            conv(y, self.head_chs, 1, name="head_conv", dtype=dtype, precision=self.precision))
+      x = activation(y, self.act)[:, 0, 0, :].astype(jnp.float32)
+    out["pre_logits"] = x
     if self.num_classes:
       x = nn.Dense(self.num_classes, dtype=dtype, param_dtype=jnp.float32,
                    precision=self.precision, name="head")(x.astype(dtype))

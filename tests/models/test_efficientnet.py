@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from fi_jax.models import _checkpoints as checkpoints
+from fi_jax.models import _efficientnet_defs as defs
 from fi_jax.models import efficientnet
 from fi_jax.models.convert import efficientnet as convert
 
@@ -229,8 +230,10 @@ FULL_FAST = ["efficientnet_b0", "efficientnet_b7", "efficientnet_v2_s", "timm/tf
              "timm/tf_efficientnetv2_s"]
 # the B8 / L2 TF ports differ from B0..B7 only in their multipliers (and are the largest):
 # tests/models/test_timm_coverage.py checks their shapes (FI_JAX_TIMM_COVERAGE=efficientnet)
+# (the arch-string built timm models: tests/models/test_efficientnet_timm.py)
 FULL_SLOW = sorted(set(efficientnet.ARCHS) - set(FULL_FAST)
-                   - {"timm/tf_efficientnet_b8", "timm/tf_efficientnet_l2"})
+                   - {"timm/tf_efficientnet_b8", "timm/tf_efficientnet_l2"}
+                   - {f"timm/{n}" for n in defs.GENERATORS})
 
 
 def _reference(variant):

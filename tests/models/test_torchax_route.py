@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SIZE = 64   # evaluated at 64 px (Model's `input_size`): small, and every one of these takes it
 
 # 10 architectures of 10 families (timm's modules, torchvision's) that have no native port
-ARCHS = ["timm/ghostnet_100", "timm/mobilenetv3_small_050", "timm/rexnet_100", "timm/dla46_c",
+ARCHS = ["timm/ghostnet_100", "timm/hardcorenas_a", "timm/rexnet_100", "timm/dla46_c",
          "timm/edgenext_xx_small", "timm/repghostnet_050", "timm/hgnetv2_b0",
          "timm/inception_next_atto", "torchvision/shufflenet_v2_x0_5", "torchvision/mnasnet0_5"]
 

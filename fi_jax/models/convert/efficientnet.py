@@ -14,7 +14,8 @@ import numpy as np
 
 from fi_jax.models._checkpoints import CheckpointError, recover_tree
 
-_BN = {"weight": "scale", "bias": "bias", "running_mean": "mean", "running_var": "var"}
+_BN = {"weight": "scale", "bias": "bias", "running_mean": "mean", "running_var": "var",
+       "v": "v"}   # (v: timm's EvoNorm2dS0 in a norm's place)
 _SKIP = ("num_batches_tracked",)
 
 # torchvision block layouts: (conv layer indices, SE index or None) -> names of those layers.
@@ -25,8 +26,13 @@ _TV_BLOCKS = {
     ((0, 1), None): {0: ("conv_exp", "bn1"), 1: ("conv_pwl", "bn2")},  # FusedMBConv
     ((0,), None): {0: ("conv", "bn1")},                                # FusedMBConv, expand 1
 }
-_TIMM_BLOCK_LAYERS = ("conv_pw", "conv_dw", "conv_pwl", "conv_exp", "conv", "bn1", "bn2", "bn3",
-                      "se.conv_reduce", "se.conv_expand")
+# timm block layers (sub-layer paths; MixNet's split convs end in ".<i>")
+_TIMM_BLOCK_LAYER = re.compile(
+    r"(conv_pw|conv_dw|conv_pwl|conv_exp|conv)(\.\d+)?|bn[123]|se\.conv_(reduce|expand)|norm"
+    r"|conv_s2d|bn_s2d"
+    r"|se\.conv_attn|se\.mlp_scale\.(fc1|fc2|norm)"
+    r"|(dw_start|pw_exp|dw_mid|pw_proj|dw_end)\.(conv|bn)"
+    r"|attn\.(query|key|value|output)\.proj|attn\.(key|value)\.(down_conv|norm)|routing_fn")
 
 
 def _conv(w: np.ndarray) -> np.ndarray:
@@ -39,15 +45,21 @@ def _layer(flat: dict, path: str, leaf: str, v: np.ndarray, key: str, where: str
   if leaf in _SKIP:
     return
   name = path.rsplit("/", 1)[-1]
-  if re.search(r"bn\d?$", name):
+  if name == "mlp_scale_norm":    # GlobalContext's LayerNorm
+    flat[f"{path}/{ {'weight': 'scale', 'bias': 'bias'}[leaf]}"] = np.asarray(v)
+  elif re.search(r"(^|_)(bn\d?|norm)$", name) or name == "bn_s2d":
     if leaf not in _BN:
       raise CheckpointError(f"Unexpected BatchNorm tensor {key!r} in {where}.")
     flat[f"{path}/{_BN[leaf]}"] = np.asarray(v)
+  elif leaf == "weight" and name == "routing_fn":   # CondConv routing Linear
+    flat[f"{path}/kernel"] = np.asarray(v).T
+  elif leaf == "weight" and np.ndim(v) == 2:   # CondConv experts: timm's layout, as is
+    flat[f"{path}/kernel"] = np.asarray(v)
   elif leaf == "weight":
     if np.ndim(v) != 4:
       raise CheckpointError(f"{key!r} in {where} has shape {np.shape(v)}; a conv weight is 4-D.")
     flat[f"{path}/kernel"] = _conv(v)
-  elif leaf == "bias" and path.endswith(("conv_reduce", "conv_expand")):
+  elif leaf == "bias" and np.ndim(v) == 1:   # SE convs, timm MobileNetV3's head conv
     flat[f"{path}/bias"] = np.asarray(v)
   else:
     raise CheckpointError(f"Unexpected tensor {key!r} in {where}.")
@@ -67,13 +79,17 @@ def detect_source(sd: Mapping[str, np.ndarray], where: str = "the checkpoint") -
 def convert_timm(sd: Mapping[str, np.ndarray], where: str = "the checkpoint") -> dict:
   """timm EfficientNet / EfficientNetV2 (incl. tf_ ports) state dict -> flat {path: array}."""
   flat: dict = {}
-  top = {"conv_stem": "stem_conv", "bn1": "stem_bn", "conv_head": "head_conv", "bn2": "head_bn"}
+  top = {"conv_stem": "stem_conv", "bn1": "stem_bn", "conv_head": "head_conv", "bn2": "head_bn",
+         "norm_head": "head_norm"}
   for key, v in sd.items():
-    if m := re.fullmatch(r"blocks\.(\d+)\.(\d+)\.(.+)\.(\w+)", key):
-      if m[3] not in _TIMM_BLOCK_LAYERS:
+    if m := re.fullmatch(r"blocks\.(\d+)\.(\d+)\.layer_scale\.gamma", key):
+      flat[f"blocks_{m[1]}_{m[2]}/layer_scale"] = np.asarray(v)
+    elif m := re.fullmatch(r"blocks\.(\d+)\.(\d+)\.(.+)\.(\w+)", key):
+      if not _TIMM_BLOCK_LAYER.fullmatch(m[3]):
         raise CheckpointError(f"Unexpected key {key!r} in {where} (not an EfficientNet block "
-                              f"layer; known: {', '.join(_TIMM_BLOCK_LAYERS)}).")
-      _layer(flat, f"blocks_{m[1]}_{m[2]}/{m[3].replace('.', '/')}", m[4], v, key, where)
+                              f"layer; known: {_TIMM_BLOCK_LAYER.pattern}).")
+      sub = m[3].replace("se.", "se/", 1).replace(".", "_")   # see efficientnet.MBBlock
+      _layer(flat, f"blocks_{m[1]}_{m[2]}/{sub}", m[4], v, key, where)
     elif (m := re.fullmatch(r"(\w+)\.(\w+)", key)) and m[1] in top:
       _layer(flat, top[m[1]], m[2], v, key, where)
     elif key in ("classifier.weight", "classifier.bias"):
