@@ -1,6 +1,6 @@
 """fi_jax ResNet's timm variants vs timm (and timm's plain pre-activation ResNetV2s): ECA, anti-aliasing (average pool and BlurPool2d),
 GroupNorm, pruned widths, ResNet-RS's conv stem pool, SENet-154's reduced first conv and 3x3 shortcuts,
-per-stage block kinds (test_resnet), Res2Net's split bottleneck and timm's legacy SENets
+per-stage block kinds (test_resnet), Res2Net's split bottleneck, ResNeSt's split attention and timm's legacy SENets
 (senet.py's own key names, stride in the 1x1, ceil-mode stem pool, SE after the ReLU).
 
 Each case is a randomly initialised timm model of the real structure (small widths / depths
@@ -101,6 +101,14 @@ CASES = {
         lambda: _timm("res2net50d", layers=(1, 2, 1, 1), cardinality=2, block_args=dict(scale=3),
                       **_SMALL),
         dict(depths=(1, 2, 1, 1), groups=2, res2_scale=3, **_SMALL_FI), ".safetensors"),
+    # ResNeSt: split attention (radix 2 over 2 groups: the softmax layout), average pool after
+    # it; radix 1 (sigmoid) over 4 groups with the pool before it
+    "resnest14d.gluon_in1k": (
+        lambda: _timm("resnest14d", layers=(1, 2, 1, 1), cardinality=2, **_SMALL),
+        dict(depths=(1, 2, 1, 1), groups=2, **_SMALL_FI), ".safetensors"),
+    "resnest50d_1s4x24d.in1k": (
+        lambda: _timm("resnest50d_1s4x24d", layers=(1, 1, 1, 1), **_SMALL),
+        dict(depths=(1, 1, 1, 1), **_SMALL_FI), ".safetensors"),
     # legacy SENets (senet.py's widths are fixed: depth 1 per stage)
     "legacy_seresnet18.in1k": (lambda: _legacy("SEResNetBlock", 1),
                                dict(depths=(1, 1, 1, 1)), ".pth"),

@@ -135,6 +135,8 @@ def _block_module(module: str, leaf: str, v: np.ndarray) -> Optional[str]:
     return f"{block}/se/{sub.rpartition('.')[2]}"
   if s := re.fullmatch(r"(convs|bns)\.(\d+)", sub):   # Res2Net
     return f"{block}/{s[1]}_{s[2]}"
+  if s := re.fullmatch(r"conv2\.(conv|bn0|fc1|bn1|fc2)", sub):   # ResNeSt split attention
+    return f"{block}/conv2/{s[1]}"
   if re.fullmatch(r"downsample\.[0-2]", sub):   # conv or norm, told apart by the tensor
     return f"{block}/downsample_{'conv' if _is_conv(leaf, v) else 'bn'}"
   return None
