@@ -1,6 +1,6 @@
 """fi_jax ResNet's timm variants vs timm (and timm's plain pre-activation ResNetV2s): ECA, anti-aliasing (average pool and BlurPool2d),
 GroupNorm, pruned widths, ResNet-RS's conv stem pool, SENet-154's reduced first conv and 3x3 shortcuts,
-per-stage block kinds (test_resnet), Res2Net's split bottleneck, ResNeSt's split attention and timm's legacy SENets
+per-stage block kinds (test_resnet), Res2Net's split bottleneck, ResNeSt's split attention, SKNet's selective kernels and timm's legacy SENets
 (senet.py's own key names, stride in the 1x1, ceil-mode stem pool, SE after the ReLU).
 
 Each case is a randomly initialised timm model of the real structure (small widths / depths
@@ -109,6 +109,14 @@ CASES = {
     "resnest50d_1s4x24d.in1k": (
         lambda: _timm("resnest50d_1s4x24d", layers=(1, 1, 1, 1), **_SMALL),
         dict(depths=(1, 1, 1, 1), **_SMALL_FI), ".safetensors"),
+    # SKNet: selective kernels on split inputs (BasicBlock), on the whole input (grouped)
+    "skresnet18.ra_in1k": (
+        lambda: _timm("skresnet18", layers=(1, 2, 1, 1), channels=(16, 24, 32, 40)),
+        dict(depths=(1, 2, 1, 1), widths=(16, 24, 32, 40)), ".safetensors"),
+    "skresnext50_32x4d.ra_in1k": (
+        lambda: _timm("skresnext50_32x4d", layers=(1, 1, 1, 1), cardinality=4,
+                      channels=(16, 24, 32, 40)),
+        dict(depths=(1, 1, 1, 1), groups=4, widths=(16, 24, 32, 40)), ".safetensors"),
     # legacy SENets (senet.py's widths are fixed: depth 1 per stage)
     "legacy_seresnet18.in1k": (lambda: _legacy("SEResNetBlock", 1),
                                dict(depths=(1, 1, 1, 1)), ".pth"),

@@ -23,7 +23,7 @@ from fi_jax.models import _checkpoints, _torchax_adapter, zoo
 from fi_jax.models.convert import readers
 
 # The targets are 45% of all and 90% of vit_*; these floors pin what is ported now.
-MIN_COVERAGE_ALL = 0.375
+MIN_COVERAGE_ALL = 0.377
 MIN_COVERAGE_VIT = 0.65
 
 
