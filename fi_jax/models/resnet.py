@@ -7,7 +7,8 @@ the 'deep' stem of three 3x3 convs (timm `stem_type='deep'`, 'c' / 's' / 'd' var
 ceil_mode, count_include_pad=False) -> 1x1 conv -> BN). BatchNorm runs on its running
 statistics, which live in `params` (blocks.BatchNorm); there is no dropout or drop path.
 
-timm's options on the same skeleton (timm 1.0 `models/resnet.py`, `senet.py`, `res2net.py`):
+timm's options on the same skeleton (timm 1.0 `models/resnet.py`, `senet.py`, `res2net.py`,
+`resnest.py`, `sknet.py`):
 the block attention (`attn`: 'se' = SEModule, 'eca' = EcaModule: a k-tap 1-D conv across the
 pooled channels, k from the channel count), anti-aliased stride-2 steps (`aa`: 'avg' = a 2x2
 average pool, 'blur' = BlurPool2d, the [1, 2, 1] binomial filter with reflect padding, in
@@ -17,6 +18,9 @@ conv in place of the stem pool (`stem_pool='conv'`), GroupNorm(32) everywhere a 
 (`down_kernel`), Res2Net's split bottleneck (`block='res2'`, `res2_scale` groups of
 `width_per_group * planes / 64` channels: the i-th goes through a 3x3 conv after adding the
 previous one's output, the last passes through (a 3x3 average pool on a stage's first block)),
+ResNeSt's split-attention bottleneck (`block='resnest'`, `radix`, `avd_first`), SKNet's
+selective-kernel blocks (`block='sk'` / `'sk_basic'`: a 3x3 and a dilation-2 3x3 path mixed by
+a softmax attention; their ConvNormAct layers are `conv` / `bn` submodules, as in timm),
 a different block kind per stage (`block` a tuple) and timm's legacy SENets (`legacy_se`:
 SE of channels // 16, after the BasicBlock's second ReLU; `stride_in_1x1`: the stride on the
 bottleneck's first 1x1 conv; `stem_pool='max_ceil'`: MaxPool2d(3, 2, ceil_mode=True)).
@@ -45,7 +49,8 @@ from fi_jax.models import resnetv2
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import resnet as convert_resnet
 
-_BOTTLENECK, _BASIC, _RES2 = "bottleneck", "basic", "res2"
+_BOTTLENECK, _BASIC, _RES2, _RESNEST = "bottleneck", "basic", "res2", "resnest"
+_SK, _SK_BASIC = "sk", "sk_basic"   # SKNet
 _DEEP = dict(stem="deep", stem_width=32)
 _D = dict(stem="deep", stem_width=32, avg_down=True)
 _T = dict(stem="deep_tiered", stem_width=32, avg_down=True)
@@ -173,6 +178,25 @@ ARCHS: dict[str, dict] = {
     "res2next50": dict(block=_RES2, depths=(3, 4, 6, 3), groups=8, width_per_group=4),
     "res2net50d": dict(block=_RES2, depths=(3, 4, 6, 3), width_per_group=26, **_D),
     "res2net101d": dict(block=_RES2, depths=(3, 4, 23, 3), width_per_group=26, **_D),
+    # SKNet (sknet.py: timm's ResNet with SelectiveKernel blocks)
+    "skresnet18": dict(block=_SK_BASIC, depths=(2, 2, 2, 2), sk_rd=(1 / 8, 16)),
+    "skresnet34": dict(block=_SK_BASIC, depths=(3, 4, 6, 3), sk_rd=(1 / 8, 16)),
+    "skresnext50_32x4d": dict(block=_SK, depths=(3, 4, 6, 3), groups=32, width_per_group=4,
+                              sk_rd=(1 / 16, 32), sk_split_input=False),
+    # ResNeSt (resnest.py: timm's ResNet with ResNestBottleneck blocks)
+    "resnest14d": dict(block=_RESNEST, depths=(1, 1, 1, 1), **_D),
+    "resnest26d": dict(block=_RESNEST, depths=(2, 2, 2, 2), **_D),
+    "resnest50d": dict(block=_RESNEST, depths=(3, 4, 6, 3), **_D),
+    "resnest101e": dict(block=_RESNEST, depths=(3, 4, 23, 3), stem="deep", stem_width=64,
+                        avg_down=True),
+    "resnest200e": dict(block=_RESNEST, depths=(3, 24, 36, 3), stem="deep", stem_width=64,
+                        avg_down=True),
+    "resnest269e": dict(block=_RESNEST, depths=(3, 30, 48, 8), stem="deep", stem_width=64,
+                        avg_down=True),
+    "resnest50d_4s2x40d": dict(block=_RESNEST, depths=(3, 4, 6, 3), groups=2,
+                               width_per_group=40, radix=4, avd_first=True, **_D),
+    "resnest50d_1s4x24d": dict(block=_RESNEST, depths=(3, 4, 6, 3), groups=4,
+                               width_per_group=24, radix=1, avd_first=True, **_D),
 }
 
 # timm architectures this module builds: all of ARCHS that timm publishes weights for.
@@ -255,6 +279,10 @@ class BlockOptions:
   down_kernel: int = 1           # projection shortcut kernel on strided blocks
   res2_scale: int = 4
   bn_eps: float = 1e-5
+  radix: int = 2                 # ResNeSt split attention
+  avd_first: bool = False        # ResNeSt: the strided 3x3 average pool before the 3x3 conv
+  sk_rd: tuple[float, int] = (1 / 16, 8)   # SKNet: attention width ratio, divisor
+  sk_split_input: bool = True    # SKNet: each kernel path sees its half of the input channels
 
 
 def norm_layer(opts: BlockOptions, name: str) -> nn.Module:
@@ -431,6 +459,163 @@ class Res2Bottleneck(nn.Module):
     return nn.relu(y + _shortcut(self, x, 4 * self.planes, conv))
 
 
+class SplitAttention(nn.Module):
+  """timm SplitAttn (ResNeSt): a 3x3 conv to radix x C (groups x radix groups) -> BN -> ReLU;
+  the radix splits summed, pooled -> fc1 (groups) -> BN -> ReLU -> fc2 (groups) -> softmax
+  over the radix splits (sigmoid for radix 1) -> the splits' weighted sum."""
+  features: int
+  stride: int = 1
+  groups: int = 1
+  radix: int = 2
+  bn_eps: float = 1e-5
+  dtype: str = "float32"
+  precision: Any = blocks.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    conv = functools.partial(blocks.conv, dtype=blocks.compute_dtype(self.dtype),
+                             precision=self.precision)
+    c, r, g = self.features, self.radix, self.groups
+    attn = max(32, int(x.shape[-1] * r * 0.25 + 4) // 8 * 8)
+    attn += 8 if attn < 0.9 * x.shape[-1] * r * 0.25 else 0
+    y = nn.relu(blocks.BatchNorm(self.bn_eps, name="bn0")(
+        conv(c * r, 3, self.stride, groups=g * r, name="conv")(x)))
+    splits = y.reshape(*y.shape[:-1], r, c)
+    s = jnp.mean(splits.sum(axis=-2), axis=(1, 2), keepdims=True)
+    s = nn.relu(blocks.BatchNorm(self.bn_eps, name="bn1")(
+        conv(attn, 1, groups=g, use_bias=True, name="fc1")(s)))
+    a = conv(c * r, 1, groups=g, use_bias=True, name="fc2")(s)   # [B, 1, 1, (g, r, c / g)]
+    if r == 1:
+      return y * nn.sigmoid(a)
+    a = jax.nn.softmax(a.reshape(a.shape[0], 1, 1, g, r, c // g), axis=-2)
+    a = jnp.swapaxes(a, -3, -2).reshape(a.shape[0], 1, 1, r, c)
+    return jnp.sum(splits * a, axis=-2)
+
+
+class SelectiveKernel(nn.Module):
+  """timm SelectiveKernel (kernel_size [3, 5] kept 3x3: dilations 1 and 2): two conv-BN-ReLU
+  paths (stride, groups; each on its half of the input with `split_input`), stacked; the
+  sum's pooled mean -> fc_reduce -> BN -> ReLU -> fc_select (no biases) -> softmax over the
+  paths -> the paths' weighted sum."""
+  features: int
+  stride: int = 1
+  groups: int = 1
+  rd: tuple[float, int] = (1 / 16, 8)
+  split_input: bool = True
+  bn_eps: float = 1e-5
+  dtype: str = "float32"
+  precision: Any = blocks.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    c, cdt = self.features, blocks.compute_dtype(self.dtype)
+    inputs = jnp.split(x, 2, axis=-1) if self.split_input else [x, x]
+    paths = []
+    for i, (xi, d) in enumerate(zip(inputs, (1, 2))):
+      p = ((self.stride - 1) + 2 * d) // 2
+      y = nn.Conv(c, (3, 3), strides=(self.stride,) * 2, padding=((p, p), (p, p)),
+                  kernel_dilation=(d, d), feature_group_count=min(c, self.groups),
+                  use_bias=False, dtype=cdt, param_dtype=jnp.float32, precision=self.precision,
+                  name=f"path{i}_conv")(xi)
+      paths.append(nn.relu(blocks.BatchNorm(self.bn_eps, name=f"path{i}_bn")(y)))
+    ratio, divisor = self.rd
+    v = c * ratio
+    attn = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    attn += divisor if attn < 0.9 * v else 0
+    conv = functools.partial(blocks.conv, dtype=cdt, precision=self.precision)
+    s = jnp.mean(paths[0] + paths[1], axis=(1, 2), keepdims=True)
+    s = nn.relu(blocks.BatchNorm(self.bn_eps, name="attn_bn")(
+        conv(attn, 1, name="attn_fc_reduce")(s)))
+    a = conv(2 * c, 1, name="attn_fc_select")(s)
+    a = jax.nn.softmax(a.reshape(*a.shape[:-1], 2, c), axis=-2)
+    return paths[0] * a[..., 0, :] + paths[1] * a[..., 1, :]
+
+
+class ConvBN(nn.Module):
+  """timm ConvNormAct: conv (no bias) -> BN [-> ReLU], as `conv` / `bn` submodules."""
+  features: int
+  kernel: int
+  stride: int = 1
+  relu: bool = True
+  bn_eps: float = 1e-5
+  dtype: str = "float32"
+  precision: Any = blocks.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    y = blocks.conv(self.features, self.kernel, self.stride, dtype=blocks.compute_dtype(self.dtype),
+                    precision=self.precision, name="conv")(x)
+    y = blocks.BatchNorm(self.bn_eps, name="bn")(y)
+    return nn.relu(y) if self.relu else y
+
+
+class SelectiveKernelBlock(nn.Module):
+  """timm SelectiveKernelBasic (`basic`: SelectiveKernel (stride) -> 3x3 conv -> BN) and
+  SelectiveKernelBottleneck (1x1 -> BN -> ReLU -> SelectiveKernel (stride, groups) -> 1x1 ->
+  BN), + shortcut, ReLU."""
+  planes: int
+  stride: int = 1
+  shortcut: Optional[str] = None
+  groups: int = 1
+  width_per_group: int = 64
+  opts: BlockOptions = BlockOptions()
+  dtype: str = "float32"
+  precision: Any = blocks.HIGHEST
+  basic: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    o = self.opts
+    conv = functools.partial(blocks.conv, dtype=blocks.compute_dtype(self.dtype),
+                             precision=self.precision)
+    sk = functools.partial(SelectiveKernel, rd=o.sk_rd, split_input=o.sk_split_input,
+                           bn_eps=o.bn_eps, dtype=self.dtype, precision=self.precision)
+    cbn = functools.partial(ConvBN, bn_eps=o.bn_eps, dtype=self.dtype, precision=self.precision)
+    if self.basic:
+      y = sk(self.planes, self.stride, name="conv1")(x)
+      y = cbn(self.planes, 3, relu=False, name="conv2")(y)
+      out = self.planes
+    else:
+      width = int(self.planes * self.width_per_group / 64) * self.groups
+      y = cbn(width, 1, name="conv1")(x)
+      y = sk(width, self.stride, self.groups, name="conv2")(y)
+      out = 4 * self.planes
+      y = cbn(out, 1, relu=False, name="conv3")(y)
+    return nn.relu(y + _shortcut(self, x, out, conv))
+
+
+class ResNestBottleneck(nn.Module):
+  """timm ResNestBottleneck: 1x1 -> BN -> ReLU -> [avd: 3x3 average pool with the stride,
+  before (avd_first) or after the split attention] -> SplitAttention (3x3) -> 1x1 -> BN, +
+  shortcut, ReLU."""
+  planes: int
+  stride: int = 1
+  shortcut: Optional[str] = None
+  groups: int = 1
+  width_per_group: int = 64
+  opts: BlockOptions = BlockOptions()
+  dtype: str = "float32"
+  precision: Any = blocks.HIGHEST
+
+  @nn.compact
+  def __call__(self, x):
+    o = self.opts
+    conv = functools.partial(blocks.conv, dtype=blocks.compute_dtype(self.dtype),
+                             precision=self.precision)
+    width = int(self.planes * self.width_per_group / 64) * self.groups
+    avd = lambda y: nn.avg_pool(y, (3, 3), strides=(self.stride, self.stride),
+                                padding=((1, 1), (1, 1)), count_include_pad=True)
+    y = nn.relu(norm_layer(o, "bn1")(conv(width, 1, name="conv1")(x)))
+    if self.stride > 1 and o.avd_first:
+      y = avd(y)
+    y = SplitAttention(width, 1, self.groups, o.radix, o.bn_eps, self.dtype, self.precision,
+                       name="conv2")(y)
+    if self.stride > 1 and not o.avd_first:
+      y = avd(y)
+    y = norm_layer(o, "bn3")(conv(4 * self.planes, 1, name="conv3")(y))
+    return nn.relu(y + _shortcut(self, x, 4 * self.planes, conv))
+
+
 def _shortcut(block: nn.Module, x, features: int, conv):
   """Identity, conv (stride; `down_kernel` wide on strided blocks) + norm (torchvision), or
   avg-pool + 1x1 conv + norm (timm 'd')."""
@@ -446,7 +631,9 @@ def _shortcut(block: nn.Module, x, features: int, conv):
   return norm_layer(block.opts, "downsample_bn")(x)
 
 
-_BLOCKS = {_BASIC: BasicBlock, _BOTTLENECK: Bottleneck, _RES2: Res2Bottleneck}
+_BLOCKS = {_BASIC: BasicBlock, _BOTTLENECK: Bottleneck, _RES2: Res2Bottleneck,
+           _RESNEST: ResNestBottleneck, _SK: SelectiveKernelBlock,
+           _SK_BASIC: functools.partial(SelectiveKernelBlock, basic=True)}
 
 
 class ResNet(nn.Module):
@@ -470,6 +657,10 @@ class ResNet(nn.Module):
   stride_in_1x1: bool = False
   down_kernel: int = 1
   res2_scale: int = 4
+  radix: int = 2                    # ResNeSt
+  avd_first: bool = False
+  sk_rd: tuple[float, int] = (1 / 16, 8)   # SKNet attention width: ratio, divisor
+  sk_split_input: bool = True
   # timm's pruned ECA-ResNets: per stage (conv3 width, ((conv1, conv2) width per block, ...))
   pruned: Optional[tuple] = None
   bn_eps: float = 1e-5
@@ -489,14 +680,15 @@ class ResNet(nn.Module):
                                   ("norm", self.norm, ("batch", "group"))):
       if value not in allowed:
         raise ValueError(f"{field} must be one of {allowed}, got {value!r}.")
-    if _BASIC in kinds and (self.groups != 1 or self.width_per_group != 64):
+    if {_BASIC, _SK_BASIC} & set(kinds) and (self.groups != 1 or self.width_per_group != 64):
       raise ValueError("BasicBlock ResNets need groups=1 and width_per_group=64.")
     if self.pruned and (kinds != (_BOTTLENECK,) * 4 or self.groups != 1
                         or tuple(len(b) for _, b in self.pruned) != tuple(self.depths)):
       raise ValueError("pruned widths need a 4-stage grouped-conv-free bottleneck ResNet with "
                        "one (conv1, conv2) pair per block.")
-    if _RES2 in kinds and self.aa:
-      raise ValueError("Res2Net blocks have no anti-aliased variant (aa must be None).")
+    if {_RES2, _RESNEST, _SK, _SK_BASIC} & set(kinds) and (self.aa or self.attn
+                                                          or self.norm != "batch"):
+      raise ValueError("Res2Net / ResNeSt / SKNet blocks take no aa, attn or norm option.")
     return kinds
 
   @nn.compact
@@ -505,7 +697,8 @@ class ResNet(nn.Module):
     kinds = self._check()
     opts = BlockOptions(self.attn, self.se_reduction, self.legacy_se, self.aa, self.norm,
                         self.reduce_first, self.stride_in_1x1, self.down_kernel,
-                        self.res2_scale, self.bn_eps)
+                        self.res2_scale, self.bn_eps, self.radix, self.avd_first,
+                        tuple(self.sk_rd), self.sk_split_input)
     cdt = blocks.compute_dtype(self.dtype)
     conv = functools.partial(blocks.conv, dtype=cdt, precision=self.precision)
     norm = functools.partial(norm_layer, opts)
@@ -538,7 +731,7 @@ class ResNet(nn.Module):
     out["stem"] = x
 
     for s, (kind, depth, planes) in enumerate(zip(kinds, self.depths, self.widths)):
-      expansion = 1 if kind == _BASIC else 4
+      expansion = 1 if kind in (_BASIC, _SK_BASIC) else 4
       for b in range(depth):
         stride = 2 if s > 0 and b == 0 else 1
         shortcut = None
@@ -546,7 +739,7 @@ class ResNet(nn.Module):
           shortcut = "avg" if self.avg_down else "conv"
         kw = dict(planes=planes, stride=stride, shortcut=shortcut, opts=opts, dtype=self.dtype,
                   precision=self.precision, name=f"layer{s + 1}_{b}")
-        if kind != _BASIC:
+        if kind not in (_BASIC, _SK_BASIC):
           kw.update(groups=self.groups, width_per_group=self.width_per_group)
         if self.pruned:
           kw.update(pruned=(*self.pruned[s][1][b], self.pruned[s][0]))

@@ -1,6 +1,6 @@
 """fi_jax ResNet's timm variants vs timm (and timm's plain pre-activation ResNetV2s): ECA, anti-aliasing (average pool and BlurPool2d),
 GroupNorm, pruned widths, ResNet-RS's conv stem pool, SENet-154's reduced first conv and 3x3 shortcuts,
-per-stage block kinds (test_resnet), Res2Net's split bottleneck and timm's legacy SENets
+per-stage block kinds (test_resnet), Res2Net's split bottleneck, ResNeSt's split attention, SKNet's selective kernels and timm's legacy SENets
 (senet.py's own key names, stride in the 1x1, ceil-mode stem pool, SE after the ReLU).
 
 Each case is a randomly initialised timm model of the real structure (small widths / depths
@@ -52,10 +52,11 @@ PRUNED = ((12, ((7, 5),)), (20, ((9, 6), (11, 10))), (26, ((13, 7),)), (30, ((15
 
 
 def _pruned_ecaresnet():
-  """A small ecaresnet50d cut to PRUNED's widths by timm's own pruning adapter (the one
-  `pretrained_cfg` pruned models go through, fed a spec string in its file format)."""
+  """A small ecaresnet50d with the average-pool anti-aliasing, cut to PRUNED's widths by
+  timm's own pruning adapter (the one its pruned models go through, fed a spec string in its
+  file format)."""
   from timm.models._prune import adapt_model_from_string
-  m = _timm("ecaresnet50d", layers=(1, 2, 1, 1), **_SMALL)
+  m = _timm("ecaresnet50d", layers=(1, 2, 1, 1), aa_layer=torch.nn.AvgPool2d, **_SMALL)
   shapes = {k: list(v.shape) for k, v in m.state_dict().items() if k.endswith(".weight")}
   prev = 2 * _SMALL["stem_width"]
   for s, (out, block_widths) in enumerate(PRUNED, start=1):
@@ -75,29 +76,47 @@ def _pruned_ecaresnet():
 # published timm name: (the timm stand-in, fi_jax Model overrides, file suffix). Stand-ins
 # combine options where that saves a compile (the fi_jax module is one code path per option).
 CASES = {
-    # ECA + BlurPool2d + GroupNorm (the ecaresnet* / resnetblur50 / resnet50_gn paths)
-    "resnet50_gn.a1h_in1k": (
-        lambda: _timm("resnet50_gn", layers=(1, 1, 2, 1), channels=(32, 32, 32, 32),
-                      aa_layer=timm.layers.BlurPool2d, block_args=dict(attn_layer="eca")),
-        dict(depths=(1, 1, 2, 1), widths=(32, 32, 32, 32), aa="blur", attn="eca"), ".pth"),
-    "ecaresnet50d_pruned.miil_in1k": (
-        _pruned_ecaresnet, dict(depths=(1, 2, 1, 1), pruned=PRUNED, **_SMALL_FI), ".safetensors"),
+    # ResNet-RS (conv stem pool, SE of C / 4) with GroupNorm (the resnet50_gn path)
     "resnetrs50.tf_in1k": (
-        lambda: _timm("resnetrs50", layers=(1, 2, 1, 1), **_SMALL),
-        dict(depths=(1, 2, 1, 1), **_SMALL_FI), ".safetensors"),
-    # SENet-154's halved first 1x1 and 3x3 shortcuts, with the average-pool anti-aliasing
+        lambda: _timm("resnetrs50", layers=(1, 1, 1, 1), channels=(32, 32, 32, 32),
+                      stem_width=32, norm_layer="groupnorm"),
+        dict(depths=(1, 1, 1, 1), widths=(32, 32, 32, 32), stem_width=32, norm="group"),
+        ".pth"),
+    # pruned widths (ECA with the unpruned kernel size) with the average-pool anti-aliasing
     # (the resnetaa* / seresnextaa* path: 2x2 average pools for the stem pool and strides)
+    "ecaresnet50d_pruned.miil_in1k": (
+        _pruned_ecaresnet, dict(depths=(1, 2, 1, 1), pruned=PRUNED, aa="avg", **_SMALL_FI),
+        ".safetensors"),
+    # SENet-154's halved first 1x1 and 3x3 shortcuts with BlurPool2d and ECA (the
+    # resnetblur50 / ecaresnet* paths)
     "senet154.gluon_in1k": (
         lambda: _timm("senet154", layers=(1, 1, 1, 1), cardinality=4, channels=(32, 32, 64, 64),
-                      stem_width=16, aa_layer=torch.nn.AvgPool2d),
-        dict(depths=(1, 1, 1, 1), groups=4, widths=(32, 32, 64, 64), stem_width=16, aa="avg"),
-        ".safetensors"),
+                      stem_width=16, aa_layer=timm.layers.BlurPool2d,
+                      block_args=dict(attn_layer="eca")),
+        dict(depths=(1, 1, 1, 1), groups=4, widths=(32, 32, 64, 64), stem_width=16, aa="blur",
+             attn="eca"), ".safetensors"),
     "test_resnet.r160_in1k": (lambda: _timm("test_resnet"), {}, ".safetensors"),
     # Res2NeXt-D: groups, 3 scales, deep stem, average-pool shortcuts
     "res2net50d.in1k": (
         lambda: _timm("res2net50d", layers=(1, 2, 1, 1), cardinality=2, block_args=dict(scale=3),
                       **_SMALL),
         dict(depths=(1, 2, 1, 1), groups=2, res2_scale=3, **_SMALL_FI), ".safetensors"),
+    # ResNeSt: split attention (radix 2 over 2 groups: the softmax layout), average pool after
+    # it; radix 1 (sigmoid) over 4 groups with the pool before it
+    "resnest14d.gluon_in1k": (
+        lambda: _timm("resnest14d", layers=(1, 1, 1, 1), cardinality=2, **_SMALL),
+        dict(depths=(1, 1, 1, 1), groups=2, **_SMALL_FI), ".safetensors"),
+    "resnest50d_1s4x24d.in1k": (
+        lambda: _timm("resnest50d_1s4x24d", layers=(1, 1, 1, 1), **_SMALL),
+        dict(depths=(1, 1, 1, 1), **_SMALL_FI), ".safetensors"),
+    # SKNet: selective kernels on split inputs (BasicBlock), on the whole input (grouped)
+    "skresnet18.ra_in1k": (
+        lambda: _timm("skresnet18", layers=(1, 1, 1, 1), channels=(16, 24, 32, 40)),
+        dict(depths=(1, 1, 1, 1), widths=(16, 24, 32, 40)), ".safetensors"),
+    "skresnext50_32x4d.ra_in1k": (
+        lambda: _timm("skresnext50_32x4d", layers=(1, 1, 1, 1), cardinality=4,
+                      channels=(16, 24, 32, 40)),
+        dict(depths=(1, 1, 1, 1), groups=4, widths=(16, 24, 32, 40)), ".safetensors"),
     # legacy SENets (senet.py's widths are fixed: depth 1 per stage)
     "legacy_seresnet18.in1k": (lambda: _legacy("SEResNetBlock", 1),
                                dict(depths=(1, 1, 1, 1)), ".pth"),
@@ -107,25 +126,23 @@ CASES = {
                         downsample_kernel_size=3, downsample_padding=1),
         dict(depths=(1, 1, 1, 1), stem="deep", stem_width=64, down_kernel=3), ".safetensors"),
     # plain pre-activation ResNetV2s (fi_jax.models.resnetv2): BasicBlock with the deep stem
-    # and average-pool shortcuts, the 7x7 bottleneck, GroupNorm
+    # and average-pool shortcuts, GroupNorm
     "resnetv2_18d.ra4_e3600_r224_in1k": (
         lambda: _timm("resnetv2_18d", layers=(1, 1, 2, 1), channels=(16, 24, 32, 40),
                       stem_chs=16),
         dict(depths=(1, 1, 2, 1), channels=(16, 24, 32, 40), stem_width=16), ".pth"),
-    "resnetv2_50.a1h_in1k": (
-        lambda: _timm("resnetv2_50", layers=(1, 2, 1, 1), channels=(32, 48, 64, 80),
-                      stem_chs=16),
-        dict(depths=(1, 2, 1, 1), channels=(32, 48, 64, 80), stem_width=16), ".safetensors"),
     "resnetv2_50d_gn.ah_in1k": (
         lambda: _timm("resnetv2_50d_gn", layers=(1, 1, 1, 1), channels=(128, 128, 256, 256)),
         dict(depths=(1, 1, 1, 1), channels=(128, 128, 256, 256)), ".safetensors"),
+    # EvoNorm-S0 with the 7x7 stem (the resnetv2_50 / 101 stem)
     "resnetv2_50d_evos.ah_in1k": (
         lambda: _perturb_evonorms(_timm("resnetv2_50d_evos", layers=(1, 1, 1, 1),
-                                        channels=(128, 128, 256, 256))),
-        dict(depths=(1, 1, 1, 1), channels=(128, 128, 256, 256)), ".safetensors"),
+                                        channels=(128, 128, 256, 256), stem_type="")),
+        dict(depths=(1, 1, 1, 1), channels=(128, 128, 256, 256), stem=""), ".safetensors"),
 }
 
 
+@pytest.mark.slow   # one compile per case (14 small models)
 def test_resnet_variants_match_timm(tmp_path):
   """Every case through zoo.from_pretrained (the converter, the published variant's fields)
   -> logits and pre-logits within 1e-4 of timm's."""

@@ -135,6 +135,14 @@ def _block_module(module: str, leaf: str, v: np.ndarray) -> Optional[str]:
     return f"{block}/se/{sub.rpartition('.')[2]}"
   if s := re.fullmatch(r"(convs|bns)\.(\d+)", sub):   # Res2Net
     return f"{block}/{s[1]}_{s[2]}"
+  # ResNeSt's split attention (conv2.{conv,bn0,fc1,bn1,fc2}), SKNet's ConvNormAct
+  # (conv{1,2,3}.{conv,bn}) and selective kernels (conv{1,2}.paths.{i}.*, conv{1,2}.attn.*)
+  if s := re.fullmatch(r"(conv[123])\.(conv|bn|bn0|fc1|bn1|fc2)", sub):
+    return f"{block}/{s[1]}/{s[2]}"
+  if s := re.fullmatch(r"(conv[12])\.paths\.([01])\.(conv|bn)", sub):
+    return f"{block}/{s[1]}/path{s[2]}_{s[3]}"
+  if s := re.fullmatch(r"(conv[12])\.attn\.(fc_reduce|bn|fc_select)", sub):
+    return f"{block}/{s[1]}/attn_{s[2]}"
   if re.fullmatch(r"downsample\.[0-2]", sub):   # conv or norm, told apart by the tensor
     return f"{block}/downsample_{'conv' if _is_conv(leaf, v) else 'bn'}"
   return None
