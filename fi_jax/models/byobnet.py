@@ -91,6 +91,9 @@ class ConvNormAct(nn.Module):
                     dtype=blocks.compute_dtype(self.dtype), precision=self.precision,
                     name="conv")(x)
     if self.norm == "evos":
+      if self.features % EVONORM_GROUP_SIZE:
+        raise ValueError(f"EvoNorm2dS0a takes groups of {EVONORM_GROUP_SIZE} channels; a "
+                         f"conv of {self.features} channels does not divide into them.")
       return EvoNormS0(self.features // EVONORM_GROUP_SIZE, 1e-3, apply_act=self.apply_act,
                        name="bn")(x)
     x = blocks.BatchNorm(1e-5, name="bn")(x)
