@@ -128,6 +128,7 @@ class EvoNormS0(nn.Module):
   bias, group_std over `groups` channel groups and H, W (biased variance + eps, float32)."""
   groups: int = 32
   eps: float = 1e-5
+  apply_act: bool = True          # False: no `v`, x / group_std(x) * scale + bias
 
   @nn.compact
   def __call__(self, x):
@@ -136,13 +137,15 @@ class EvoNormS0(nn.Module):
       raise ValueError(f"EvoNorm: {c} channels are not divisible by {self.groups} groups.")
     scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
     bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
-    v = self.param("v", nn.initializers.ones, (c,), jnp.float32)
     xf = x.astype(jnp.float32)
     g = xf.reshape(*x.shape[:-1], self.groups, c // self.groups)
     mean = jnp.mean(g, axis=(1, 2, 4), keepdims=True)
     var = jnp.mean(jnp.square(g - mean), axis=(1, 2, 4), keepdims=True)
     std = jnp.broadcast_to(jnp.sqrt(var + self.eps), g.shape).reshape(x.shape)
-    y = xf * nn.sigmoid(xf * v) / std
+    if self.apply_act:
+      v = self.param("v", nn.initializers.ones, (c,), jnp.float32)
+      xf = xf * nn.sigmoid(xf * v)
+    y = xf / std
     return (y * scale + bias).astype(x.dtype)
 
 

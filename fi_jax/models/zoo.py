@@ -40,7 +40,7 @@ from fi_jax.models._checkpoints import CheckpointError
 # Model files with a `PRETRAINED` table, in the order `names()` lists them.
 FAMILIES = ("resnet", "resnetv2", "regnet", "convnext", "swin", "efficientnet", "vit",
             "convnextv2", "beit", "eva", "dinov3", "vgg", "densenet", "mlp_mixer", "cait",
-            "xcit", "vit_timm")
+            "xcit", "vit_timm", "byobnet")
 
 # torchvision: model -> the weights enum member `get_model_weights(model).DEFAULT` points to.
 TORCHVISION_DEFAULTS: dict[str, str] = {
