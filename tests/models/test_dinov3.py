@@ -187,3 +187,15 @@ def test_7b_full_size_layout():
   assert init["head"]["kernel"].shape == (8192, 1000)
   assert init["blocks_39"]["mlp"]["fc1_g"]["kernel"].shape == (4096, 8192)
   assert init["rope_periods"].shape == (32,) and "q_bias" not in init["blocks_0"]["attn"]
+
+
+def test_config_runs_the_7b_classifier_with_its_head(tmp_path):
+  """configs/dinov3.py: the zoo's classifier entry, the head file as `model_load.head` (what
+  fi_jax.run.model passes to `dinov3.load`)."""
+  from configs import dinov3 as config
+  c = config.get_config("ckpt=/x/backbone.pth,head=/x/head.pth,dtype=bfloat16")
+  assert (c.model_name, c.model_label) == ("dinov3", "dinov3/dinov3_vit7b16_lc.imagenet1k")
+  assert c.model.to_dict() == dict(num_classes=1000, variant="dinov3_vit7b16_lc",
+                                   dtype="bfloat16")
+  assert c.model_init == "/x/backbone.pth" and c.model_load.head == "/x/head.pth"
+  assert tuple(c.init_shape) == (1, 224, 224, 3)
