@@ -136,6 +136,7 @@ def _official_7b(tmp_path):
   return ref, backbone, head
 
 
+@pytest.mark.slow
 def test_7b_linear_classifier_matches_the_official_code(tmp_path):
   ref, backbone, head = _official_7b(tmp_path)
   assert set(torch.load(head, weights_only=True)) == {"weight", "bias"}
@@ -153,8 +154,11 @@ def test_7b_linear_classifier_matches_the_official_code(tmp_path):
   np.testing.assert_allclose(np.asarray(logits), want, atol=1e-4, rtol=0)
   # one file holding both, as the official wrapper's state_dict(): the same params
   combined = save_state_dict(ref, tmp_path / "lc.pth")
-  same = dinov3.load(jax.tree.map(np.zeros_like, params), combined)
-  jax.tree.map(np.testing.assert_array_equal, same, params)
+  zeros = jax.tree.map(np.zeros_like, params)
+  jax.tree.map(np.testing.assert_array_equal, dinov3.load(zeros, combined), params)
+  # `head=` (the config's model_load.head, as fi_jax.run.model passes it): the same params
+  jax.tree.map(np.testing.assert_array_equal, dinov3.load(zeros, backbone, None, head=head),
+               params)
   # the backbone name: the class token (the head's first half)
   bb_model, bb_params, _ = zoo.from_pretrained("dinov3/dinov3_vit7b16", backbone, **_TINY_7B)
   feats, _ = bb_model.apply({"params": bb_params}, x)
