@@ -17,10 +17,19 @@ Query / value biases: the official `LinearKMaskedBias` stores one qkv bias and a
 (the key third 0); the loader applies the mask and refuses a non-zero key bias. timm's `_qkvb`
 models keep `q_bias` / `v_bias`, the others (whose released biases are all zero) none.
 
-Pooling (`pool`): "token" = the normalised class token (DINOv3's own output, `x_norm_clstoken`:
-the official files' default), "avg" = the mean of the normalised patch tokens (timm's default
-`global_pool='avg'` for these models: the timm names' default). The backbones are headless
-(`out["pre_logits"]` = the pooled feature; logits = pre_logits). Preprocessing: timm's
+Pooling (`pool`; `out["cls"]` is the class token either way): "token" = the normalised class
+token (DINOv3's own output, `x_norm_clstoken`: the official files' default), "avg" = the mean
+of the normalised patch tokens (timm's default `global_pool='avg'` for these models: the timm
+names' default). The backbones are headless
+(`out["pre_logits"]` = the pooled feature; logits = pre_logits), except the 7B's ImageNet-1k
+linear classifier.
+
+The 7B (`dinov3_vit7b16`, hub/backbones.py): width 4096, 40 blocks, 32 heads, SwiGLU with
+ffn_ratio 3 aligned to 64 (`swiglu_hidden`: 8192), no qkv bias, and an untied training-only
+`local_cls_norm` (inference normalises every token with `norm`). Its linear classifier
+(`dinov3_vit7b16_lc`, hub/classifiers.py `_LinearClassifierWrapper`): pool "token_avg" =
+concat(normalised class token, mean of the normalised patch tokens) (2 * 4096), then `head`
+Dense to 1000 classes; the head comes in its own file (`HEAD_FILE`). Preprocessing: timm's
 pretrained_cfg (256 px, crop_pct 1.0, bicubic, ImageNet mean / std; SAT-493M weights: their
 own mean / std) for timm names; the official classification eval transform (Resize(256,
 bicubic), CenterCrop(224), ImageNet mean / std) for the official files.
@@ -28,7 +37,7 @@ bicubic), CenterCrop(224), ImageNet mean / std) for the official files.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 import flax.linen as nn
 import jax
@@ -43,6 +52,14 @@ from fi_jax.models.convert import readers
 from fi_jax.models.eva import Attention, Mlp
 
 HIGHEST = jax.lax.Precision.HIGHEST
+POOLS = ("avg", "token", "token_avg")
+
+
+def swiglu_hidden(width: int, ffn_ratio: float, align_to: int = 8) -> int:
+  """The official `SwiGLUFFN` hidden width: int(int(width * ffn_ratio) * 2 / 3) rounded up to
+  a multiple of `align_to` (8 by default; the 7B's `swiglu64`: 64)."""
+  d = int(int(width * ffn_ratio) * 2 / 3)
+  return d + (-d % align_to)
 
 
 def rope_periods(head_dim: int, base: float = 100.0) -> np.ndarray:
@@ -120,9 +137,9 @@ class _Model(nn.Module):
   @nn.compact
   def __call__(self, image, *, train: bool = False):
     del train
-    if self.pool not in ("avg", "token"):
-      raise ValueError(f"DINOv3 pool must be 'avg' (timm) or 'token' (official), got "
-                       f"{self.pool!r}.")
+    if self.pool not in POOLS:
+      raise ValueError(f"DINOv3 pool must be 'avg' (timm), 'token' (official backbones) or "
+                       f"'token_avg' (the official linear classifier), got {self.pool!r}.")
     dt = jnp.dtype(self.dtype)
     kw = dict(dtype=dt, precision=self.precision)
     p = self.patch_size
@@ -144,7 +161,9 @@ class _Model(nn.Module):
                 name=f"blocks_{i}", **kw)(x, sin, cos)
     x = out_tokens = layer_norm("norm", self.ln_eps)(x)
     out = {"encoded": out_tokens}
-    x = out["pre_logits"] = x[:, 0] if self.pool == "token" else jnp.mean(x[:, n_prefix:], 1)
+    out["cls"], patch_mean = x[:, 0], jnp.mean(x[:, n_prefix:], 1)
+    x = out["pre_logits"] = {"token": out["cls"], "avg": patch_mean,
+                             "token_avg": jnp.concatenate([out["cls"], patch_mean], -1)}[self.pool]
     if self.num_classes:
       x = out["logits"] = nn.Dense(self.num_classes, name="head", **kw)(x.astype(dt)).astype(
           jnp.float32)
@@ -159,7 +178,11 @@ def _arch(width, depth, heads, hidden, mlp="gelu", qkv_bias=False, pool="avg"):
 _SIZES = {"small": (384, 12, 6, 1536, "gelu"), "small_plus": (384, 12, 6, 1536, "swiglu"),
           "base": (768, 12, 12, 3072, "gelu"), "large": (1024, 24, 16, 4096, "gelu"),
           "huge_plus": (1280, 32, 20, 5120, "swiglu")}
-# timm names (mean pooling, timm's default) and the official hub names (class-token pooling).
+# The official 7B (`dinov3_vit7b16`): width 4096, 40 blocks, 32 heads (head_dim 128), SwiGLU
+# with ffn_ratio 3 aligned to 64 (hidden 8192), no qkv bias (its LinearKMaskedBias has none).
+_7B = (4096, 40, 32, swiglu_hidden(4096, 3, 64), "swiglu")
+# timm names (mean pooling, timm's default) and the official hub names (class-token pooling;
+# the 7B's linear classifier `dinov3_vit7b16_lc`: class token + patch-token mean).
 ARCHS: dict[str, dict] = {
     **{f"vit_{s}_patch16_dinov3": _arch(*a) for s, a in _SIZES.items()},
     **{f"vit_{s}_patch16_dinov3_qkvb": _arch(*a, qkv_bias=True) for s, a in _SIZES.items()},
@@ -167,10 +190,14 @@ ARCHS: dict[str, dict] = {
         ("dinov3_vits16", "small"), ("dinov3_vits16plus", "small_plus"),
         ("dinov3_vitb16", "base"), ("dinov3_vitl16", "large"),
         ("dinov3_vith16plus", "huge_plus"))},
+    "dinov3_vit7b16": _arch(*_7B, pool="token"),
+    "dinov3_vit7b16_lc": _arch(*_7B, pool="token_avg"),
 }
 
 _timm = pretrained.timm
 _OFFICIAL = "https://dl.fbaipublicfiles.com/dinov3/{0}/{0}_pretrain_{1}-{2}.pth"
+HEAD_FILE = "dinov3_vit7b16_imagenet1k_linear_head-90d8ed92.pth"
+HEAD_URL = f"https://dl.fbaipublicfiles.com/dinov3/dinov3_vit7b16/{HEAD_FILE}"
 PRETRAINED: dict[str, dict] = {
     **{k: v for s in _SIZES for k, v in _timm(f"vit_{s}_patch16_dinov3.lvd1689m", 256, 1.0,
                                                num_classes=0).items()},
@@ -183,7 +210,13 @@ PRETRAINED: dict[str, dict] = {
         url=_OFFICIAL.format(m, "lvd1689m", sha)) for m, sha in (
             ("dinov3_vits16", "08c60483"), ("dinov3_vits16plus", "4057cbaa"),
             ("dinov3_vitb16", "73cec8be"), ("dinov3_vitl16", "8aa4cbdd"),
-            ("dinov3_vith16plus", "7c1da9a5"))},
+            ("dinov3_vith16plus", "7c1da9a5"), ("dinov3_vit7b16", "a955f4ea"))},
+    # hubconf's `dinov3_vit7b16_lc` (ClassifierWeights.IMAGENET1K): the 7B backbone file plus
+    # the linear head file; `url` is the head's, `backbone_url` the backbone's.
+    "dinov3/dinov3_vit7b16_lc.imagenet1k": dict(
+        variant="dinov3_vit7b16_lc", source="dinov3", num_classes=1000, input_size=224,
+        pp=preprocess.torchvision_pp(256, 224, "bicubic"), url=HEAD_URL,
+        backbone_url=_OFFICIAL.format("dinov3_vit7b16", "lvd1689m", "a955f4ea")),
 }
 
 
@@ -199,9 +232,25 @@ def Model(num_classes: Optional[int] = None, *, variant: str, **kw) -> _Model:
   return _Model(num_classes or None, **{**ARCHS[name], **kw})
 
 
-def load(init_params, init_file: str, model_cfg: Optional[Mapping] = None) -> dict:
+def load(init_params, init_file: Union[str, Mapping[str, str]],
+         model_cfg: Optional[Mapping] = None, head: Optional[str] = None) -> dict:
   """timm (`reg_token`, `q_bias` / `v_bias`, `gamma_1`) or official DINOv3
   (`storage_tokens`, `qkv.bias` + `bias_mask`, `ls1.gamma`, `rope_embed.periods`) weights from
-  .safetensors / .pth onto `init_params`, told apart by their keys."""
-  sd = readers.read_state_dict(init_file, hint=convert.HINT)
-  return convert.convert(sd, init_params, file=init_file)
+  .safetensors / .pth onto `init_params`, told apart by their keys.
+
+  The linear classifier (`dinov3_vit7b16_lc`, a model with `head`) also needs the official head
+  file (a bare `nn.Linear(2 * width, 1000)` state dict: `weight`, `bias`): `init_file` =
+  {"backbone": backbone file, "head": head file}, or `head=` the head file, or one file holding
+  both as the official `_LinearClassifierWrapper.state_dict()` does (`backbone.*`,
+  `linear_head.*`)."""
+  files = dict(init_file) if isinstance(init_file, Mapping) else {"backbone": init_file}
+  if head:
+    files["head"] = head
+  if set(files) - {"backbone", "head"} or "backbone" not in files:
+    raise ValueError(f"DINOv3 init_file dict needs 'backbone' (and optionally 'head'); got "
+                     f"keys {sorted(files)}.")
+  sd = readers.read_state_dict(files["backbone"], hint=convert.HINT)
+  head_sd = (readers.read_state_dict(files["head"], hint=convert.HEAD_HINT)
+             if files.get("head") else None)
+  return convert.convert(sd, init_params, file=" + ".join(map(str, files.values())),
+                         head=head_sd)

@@ -72,10 +72,11 @@ TORCHVISION_DEFAULTS: dict[str, str] = {
 }
 
 DINOV3_DEFAULTS: dict[str, str] = {
-    m: "lvd1689m" for m in ("dinov3_vits16", "dinov3_vits16plus", "dinov3_vitb16",
-                            "dinov3_vitl16", "dinov3_vith16plus", "dinov3_convnext_tiny",
-                            "dinov3_convnext_small", "dinov3_convnext_base",
-                            "dinov3_convnext_large")}
+    **{m: "lvd1689m" for m in ("dinov3_vits16", "dinov3_vits16plus", "dinov3_vitb16",
+                               "dinov3_vitl16", "dinov3_vith16plus", "dinov3_vit7b16",
+                               "dinov3_convnext_tiny", "dinov3_convnext_small",
+                               "dinov3_convnext_base", "dinov3_convnext_large")},
+    "dinov3_vit7b16_lc": "imagenet1k"}   # the 7B's ImageNet-1k linear classifier
 
 # MAE's official fine-tuned files (fi_jax.models.vit, `mae_*` variants): "mae/<model>.<tag>".
 MAE_DEFAULTS: dict[str, str] = {
@@ -206,17 +207,21 @@ def init_shape(info: dict[str, Any]) -> tuple[int, int, int, int]:
   return (1, int(h), int(w), 3)
 
 
-def from_pretrained(name: str, ckpt: str, **overrides) -> tuple[Any, dict, dict[str, Any]]:
+def from_pretrained(name: str, ckpt: str | dict[str, str],
+                    **overrides) -> tuple[Any, dict, dict[str, Any]]:
   """(model, params, info) of a published checkpoint `name` read from the local file `ckpt`
-  (.pth weights-only, .bin or .safetensors). `overrides` go to the family's `Model` (e.g.
-  dtype="bfloat16", or smaller widths for a stand-in file). The model is initialised at
-  info["input_size"] as shapes only: every value comes from the checkpoint. A file that does
-  not fit raises CheckpointError naming the file's key and shape, the model's, and where the
-  named checkpoint is downloaded."""
+  (.pth weights-only, .bin or .safetensors; a model published as a backbone plus a linear
+  head file, "dinov3/dinov3_vit7b16_lc", takes {"backbone": path, "head": path}). `overrides`
+  go to the family's `Model` (e.g. dtype="bfloat16", or smaller widths for a stand-in file).
+  The model is initialised at info["input_size"] as shapes only: every value comes from the
+  checkpoint. A file that does not fit raises CheckpointError naming the file's key and shape,
+  the model's, and where the named checkpoint is downloaded."""
   info = resolve(name)
-  if not os.path.exists(ckpt):
-    raise FileNotFoundError(f"Checkpoint file {ckpt!r} of {info['name']} not found; download "
-                            f"it from {info['url']}.")
+  parts = dict(ckpt) if isinstance(ckpt, dict) else {"": ckpt}
+  for part, path in parts.items():   # {"backbone": .., "head": ..}: a backbone + linear head
+    if not os.path.exists(path):
+      raise FileNotFoundError(f"Checkpoint file {path!r} of {info['name']} not found; download "
+                              f"it from {info.get(f'{part}_url', info['url'])}.")
   mod = family_module(info["family"])
   model_kw = {**info["model"], **overrides}
   model = mod.Model(**model_kw)

@@ -6,8 +6,11 @@ mlp.fc1 / mlp.fc2 or mlp.fc1_g / fc1_x / fc2, gamma_2}, norm; the RoPE periods a
 Official (facebookresearch/dinov3 `DinoVisionTransformer`): storage_tokens, mask_token
 (pre-training only, dropped), rope_embed.periods (bfloat16-rounded, used as stored),
 blocks.<i>.attn.qkv.{weight, bias, bias_mask} (`LinearKMaskedBias`: bias * bias_mask, the key
-third masked to 0), ls1.gamma / ls2.gamma, mlp.w1 / w2 / w3 (SwiGLU), norm; `local_cls_norm`
-(the 7B's training-only norm) is dropped.
+third masked to 0; the 7B has no qkv bias at all), ls1.gamma / ls2.gamma, mlp.w1 / w2 / w3
+(SwiGLU), norm; `local_cls_norm` (the 7B's untied norm for local-crop class tokens, used only in
+training: at inference `norm` normalises every token) is dropped. The 7B's ImageNet-1k linear
+classifier (`dinov3_vit7b16_lc`, facebookresearch/dinov3 `dinov3/hub/classifiers.py`): a bare
+`nn.Linear(8192, 1000)` state dict (`weight`, `bias`) in its own file, mapped to `head`.
 """
 from __future__ import annotations
 
@@ -22,6 +25,10 @@ from fi_jax.models.convert import keymap
 HINT = ("DINOv3 weights: https://huggingface.co/timm/vit_<size>_patch16_dinov3.lvd1689m "
         "(model.safetensors) or the official dinov3_<arch>_pretrain_lvd1689m-<hash>.pth "
         "(https://github.com/facebookresearch/dinov3: download links on request from Meta)")
+
+HEAD_HINT = ("DINOv3's ImageNet-1k linear head: https://dl.fbaipublicfiles.com/dinov3/"
+             "dinov3_vit7b16/dinov3_vit7b16_imagenet1k_linear_head-90d8ed92.pth (hubconf "
+             "`dinov3_vit7b16_lc`; download links on request from Meta)")
 
 _LN = {"scale": "weight", "bias": "bias"}
 _OFFICIAL = {"storage_tokens": "reg_token", "ls1.gamma": "gamma_1", "ls2.gamma": "gamma_2",
@@ -84,9 +91,44 @@ def key_map(init_params: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
   return spec
 
 
+def split_classifier(sd: Mapping[str, np.ndarray], head: Mapping[str, np.ndarray] | None,
+                     init_params: Mapping[str, Any], file: str) -> dict[str, np.ndarray]:
+  """The backbone state dict with the linear head as `head.weight` / `head.bias`: from `head`
+  (the official head file, `weight` / `bias`) or from a combined file (`backbone.*`,
+  `linear_head.*`: the official `_LinearClassifierWrapper`) or, as before, a file's own
+  `head.*`. A model with a head needs one; a head for a headless model is refused."""
+  if any(k.startswith("backbone.") for k in sd):
+    combined = {k[len("linear_head."):]: v for k, v in sd.items()
+                if k.startswith("linear_head.")}
+    sd = {k[len("backbone."):]: v for k, v in sd.items() if k.startswith("backbone.")}
+    if combined and head is not None:
+      raise checkpoints.CheckpointError(
+          f"{file} (DINOv3): the backbone file already holds a linear head (linear_head.*) and "
+          f"a separate head file was given too: pass one of them.")
+    head = combined or head
+  sd = dict(sd)
+  if head is not None:
+    if set(head) != {"weight", "bias"}:
+      raise checkpoints.CheckpointError(
+          f"{file} (DINOv3): a linear head file holds exactly 'weight' and 'bias' (an "
+          f"nn.Linear state dict), got keys {sorted(head)[:6]}. {HEAD_HINT}.")
+    if "head" not in init_params:
+      raise checkpoints.CheckpointError(
+          f"{file} (DINOv3): a linear head was given but the model is headless (num_classes "
+          f"0): use the classifier variant (dinov3_vit7b16_lc, num_classes=1000).")
+    sd["head.weight"], sd["head.bias"] = head["weight"], head["bias"]
+  elif "head" in init_params and "head.weight" not in sd:
+    raise checkpoints.CheckpointError(
+        f"{file} (DINOv3): the linear classifier needs its head file as well as the backbone: "
+        f"pass {{'backbone': <backbone .pth>, 'head': <head .pth>}}. {HEAD_HINT}.")
+  return sd
+
+
 def convert(sd: Mapping[str, np.ndarray], init_params: Mapping[str, Any], *,
-            file: str = "checkpoint") -> dict:
-  """A timm or official DINOv3 state dict -> params on `init_params`' tree."""
+            file: str = "checkpoint", head: Mapping[str, np.ndarray] | None = None) -> dict:
+  """A timm or official DINOv3 state dict (and, for the linear classifier, its head: see
+  `split_classifier`) -> params on `init_params`' tree."""
+  sd = split_classifier(sd, head, init_params, file)
   official = "storage_tokens" in sd
   sd = _official_to_timm(sd, init_params, file) if official else dict(sd)
   if PERIODS not in sd:   # timm derives them (float32); the official files store them
