@@ -163,25 +163,35 @@ class _Model(nn.Module):
   def __call__(self, image, text=None, *, train=False):
     del train  # no dropout in CLIP inference
     img_tower, txt_tower = self._towers()
-    out, zimg, ztxt = {}, None, None
-    t = self.param("t", nn.initializers.constant(np.log(1 / 0.07)), (1,), jnp.float32)
-    out["t"], out["t/parameter"] = jnp.exp(t), t
-    if self.is_initializing():   # create both towers' params from image-only or text-only init
-      if image is None:
-        image = jnp.zeros((1, self.image_size, self.image_size, 3), jnp.float32)
-      if text is None:
-        text = jnp.zeros((1, txt_tower.context_length), jnp.int32)
-    if image is not None:
-      z, img_out = img_tower(image)
-      out.update({f"img/{k}": v for k, v in img_out.items()})
-      out["img/norm"] = jnp.linalg.norm(z, axis=-1, keepdims=True)
-      zimg = out["img/normalized"] = out["pre_logits"] = vit.l2_normalize(z)
-    if text is not None:
-      z, txt_out = txt_tower(text)
-      out.update({f"txt/{k}": v for k, v in txt_out.items()})
-      out["txt/norm"] = jnp.linalg.norm(z, axis=-1, keepdims=True)
-      ztxt = out["txt/normalized"] = vit.l2_normalize(z)
-    return zimg, ztxt, out
+    return two_tower_outputs(self, img_tower, txt_tower, image, text)
+
+
+def two_tower_outputs(module: nn.Module, img_tower: nn.Module, txt_tower: nn.Module, image,
+                      text) -> tuple[Any, Any, dict]:
+  """(zimg, ztxt, out) of a CLIP-style two-tower `module` (CLIP, PE-Core): its learned log logit
+  scale `t` (a param of `module`; out["t"] = exp(t)), each given input's L2-normalised embedding
+  (None for a missing one) and its tower's outputs under "img/" / "txt/". At init both towers
+  run, a missing input replaced by zeros (`module.image_size`, the text tower's context length),
+  so that an image-only or text-only init creates every param."""
+  out, zimg, ztxt = {}, None, None
+  t = module.param("t", nn.initializers.constant(np.log(1 / 0.07)), (1,), jnp.float32)
+  out["t"], out["t/parameter"] = jnp.exp(t), t
+  if module.is_initializing():
+    if image is None:
+      image = jnp.zeros((1, module.image_size, module.image_size, 3), jnp.float32)
+    if text is None:
+      text = jnp.zeros((1, txt_tower.context_length), jnp.int32)
+  if image is not None:
+    z, img_out = img_tower(image)
+    out.update({f"img/{k}": v for k, v in img_out.items()})
+    out["img/norm"] = jnp.linalg.norm(z, axis=-1, keepdims=True)
+    zimg = out["img/normalized"] = out["pre_logits"] = vit.l2_normalize(z)
+  if text is not None:
+    z, txt_out = txt_tower(text)
+    out.update({f"txt/{k}": v for k, v in txt_out.items()})
+    out["txt/norm"] = jnp.linalg.norm(z, axis=-1, keepdims=True)
+    ztxt = out["txt/normalized"] = vit.l2_normalize(z)
+  return zimg, ztxt, out
 
 
 def Model(variant: Optional[str] = None, **kw) -> _Model:

@@ -275,25 +275,7 @@ class _Model(nn.Module):
     img_tower = VisionTower(**kw, local_tokens=self.local_tokens, **dict(self.image or {}),
                             name="img")
     txt_tower = clip.TextTower(**kw, **dict(self.text or {}), name="txt")
-    out, zimg, ztxt = {}, None, None
-    t = self.param("t", nn.initializers.constant(np.log(1 / 0.07)), (1,), jnp.float32)
-    out["t"], out["t/parameter"] = jnp.exp(t), t
-    if self.is_initializing():   # both towers' params from an image-only or text-only init
-      if image is None:
-        image = jnp.zeros((1, self.image_size, self.image_size, 3), jnp.float32)
-      if text is None:
-        text = jnp.zeros((1, txt_tower.context_length), jnp.int32)
-    if image is not None:
-      z, img_out = img_tower(image)
-      out.update({f"img/{k}": v for k, v in img_out.items()})
-      out["img/norm"] = jnp.linalg.norm(z, axis=-1, keepdims=True)
-      zimg = out["img/normalized"] = out["pre_logits"] = vit.l2_normalize(z)
-    if text is not None:
-      z, txt_out = txt_tower(text)
-      out.update({f"txt/{k}": v for k, v in txt_out.items()})
-      out["txt/norm"] = jnp.linalg.norm(z, axis=-1, keepdims=True)
-      ztxt = out["txt/normalized"] = vit.l2_normalize(z)
-    return zimg, ztxt, out
+    return clip.two_tower_outputs(self, img_tower, txt_tower, image, text)
 
 
 def Model(variant: Optional[str] = None, **kw) -> _Model:
