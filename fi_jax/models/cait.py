@@ -27,6 +27,7 @@ from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.beit import layer_norm
 from fi_jax.models.convert import cait as convert
 from fi_jax.models.convert import readers
+from fi_jax.models.dinov3 import GeluMlp
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -76,18 +77,6 @@ class ClassAttn(nn.Module):
     return nn.Dense(d, name="proj", **kw)(jnp.swapaxes(y, 1, 2).reshape(b, 1, d))
 
 
-class Mlp(nn.Module):
-  hidden: int
-  dtype: Any = jnp.float32
-  precision: Any = HIGHEST
-
-  @nn.compact
-  def __call__(self, x):
-    kw = dict(dtype=self.dtype, precision=self.precision)
-    y = nn.gelu(nn.Dense(self.hidden, name="fc1", **kw)(x), approximate=False)
-    return nn.Dense(x.shape[-1], name="fc2", **kw)(y)
-
-
 class Block(nn.Module):
   """Layer-scale block: talking-heads self-attention (`class_attn=False`, input: the patch
   tokens) or class attention (input: (patches, class token); output: the class token)."""
@@ -110,7 +99,7 @@ class Block(nn.Module):
       x = x + g1 * TalkingHeadAttn(self.num_heads, name="attn", **kw)(
           layer_norm("norm1")(x).astype(self.dtype))
     y = layer_norm("norm2")(x).astype(self.dtype)
-    return x + g2 * Mlp(self.mlp_hidden, name="mlp", **kw)(y)
+    return x + g2 * GeluMlp(self.mlp_hidden, name="mlp", **kw)(y)
 
 
 class _Model(nn.Module):

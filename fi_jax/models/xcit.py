@@ -33,9 +33,10 @@ import numpy as np
 from fi_jax.models import _blocks, _timm_tags
 from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.beit import layer_norm
-from fi_jax.models.cait import ClassAttn, Mlp
+from fi_jax.models.cait import ClassAttn
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import xcit as convert
+from fi_jax.models.dinov3 import GeluMlp
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -110,7 +111,7 @@ class XCABlock(nn.Module):
     ln = lambda name, t: layer_norm(name)(t).astype(self.dtype)
     x = x + gamma("gamma1") * XCA(self.num_heads, name="attn", **kw)(ln("norm1", x))
     x = x + gamma("gamma3") * LPI(name="local_mp", **kw)(ln("norm3", x), hw)
-    return x + gamma("gamma2") * Mlp(self.mlp_hidden, name="mlp", **kw)(ln("norm2", x))
+    return x + gamma("gamma2") * GeluMlp(self.mlp_hidden, name="mlp", **kw)(ln("norm2", x))
 
 
 class ClassAttentionBlock(nn.Module):
@@ -134,7 +135,7 @@ class ClassAttentionBlock(nn.Module):
       x = norm2(x).astype(self.dtype)
     else:
       x = jnp.concatenate([norm2(x[:, :1]).astype(self.dtype), x[:, 1:]], axis=1)
-    cls = gamma("gamma2") * Mlp(self.mlp_hidden, name="mlp", **kw)(x[:, :1])
+    cls = gamma("gamma2") * GeluMlp(self.mlp_hidden, name="mlp", **kw)(x[:, :1])
     return x + jnp.concatenate([cls, x[:, 1:]], axis=1)
 
 
