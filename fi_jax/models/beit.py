@@ -26,6 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fi_jax.models import _blocks
 from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import beit as convert
 from fi_jax.models.convert import readers
@@ -40,11 +41,8 @@ def layer_norm(name: str, eps: float = 1e-6) -> nn.LayerNorm:
 
 def attention(q, k, v, bias=None, precision=HIGHEST):
   """softmax(q k^T / sqrt(d) + bias) v on [B, heads, N, d] arrays (softmax in float32)."""
-  logits = jnp.einsum("bhqd,bhkd->bhqk", q * (q.shape[-1] ** -0.5), k, precision=precision)
-  if bias is not None:
-    logits = logits + bias
-  weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(v.dtype)
-  return jnp.einsum("bhqk,bhkd->bhqd", weights, v, precision=precision)
+  return _blocks.attention(q * (q.shape[-1] ** -0.5), k, v, bias=bias, precision=precision,
+                           softmax_dtype=jnp.float32)
 
 
 class Attention(nn.Module):
@@ -95,7 +93,7 @@ class Block(nn.Module):
                                                    **kw)(y)
     y = layer_norm("norm2")(x).astype(self.dtype)
     y = nn.Dense(self.mlp_dim, name="fc1", **kw)(y)
-    y = nn.Dense(d, name="fc2", **kw)(nn.gelu(y, approximate=False))
+    y = nn.Dense(d, name="fc2", **kw)(_blocks.gelu_exact(y))
     return x + gamma_2.astype(self.dtype) * y
 
 

@@ -147,7 +147,7 @@ def _norm(kind: str, name: str, eps: float) -> nn.Module:
   raise ValueError(f"ConvNeXt norm must be 'layernorm' or 'simplenorm', got {kind!r}.")
 
 
-_ACTS = {"gelu": lambda x: nn.gelu(x, approximate=False),
+_ACTS = {"gelu": _blocks.gelu_exact,
          "gelu_tanh": lambda x: nn.gelu(x, approximate=True), "silu": nn.silu}
 
 
@@ -263,7 +263,7 @@ class _Model(nn.Module):
       x = _norm(self.norm, "head_norm", self.eps)(x)
       if self.head_hidden:
         x = nn.Dense(self.head_hidden, name="head_hidden", **kw)(x.astype(dt))
-        x = nn.gelu(x.astype(jnp.float32), approximate=False)
+        x = _blocks.gelu_exact(x.astype(jnp.float32))
       out["pre_logits"] = x
     if self.num_classes:
       x = out["logits"] = nn.Dense(self.num_classes, name="head", **kw)(x.astype(dt)).astype(

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.data import preprocess
+from fi_jax.models import _blocks
 from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.beit import layer_norm
 from fi_jax.models.convert import dinov3 as convert
@@ -86,7 +87,7 @@ class GeluMlp(nn.Module):
   @nn.compact
   def __call__(self, x):
     kw = dict(dtype=self.dtype, precision=self.precision)
-    y = nn.gelu(nn.Dense(self.hidden, name="fc1", **kw)(x), approximate=False)
+    y = _blocks.gelu_exact(nn.Dense(self.hidden, name="fc1", **kw)(x))
     return nn.Dense(x.shape[-1], name="fc2", **kw)(y)
 
 

@@ -264,7 +264,7 @@ PRETRAINED: dict[str, dict] = {
 
 _ACTS = {"relu": nn.relu, "relu6": nn.relu6, "silu": nn.silu, "hard_swish": nn.hard_swish,
          "hard_sigmoid": nn.hard_sigmoid, "sigmoid": nn.sigmoid,
-         "gelu": lambda x: nn.gelu(x, approximate=False)}
+         "gelu": _blocks.gelu_exact}
 
 
 def activation(x, act):

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fi_jax.models import _blocks
 from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.beit import attention, layer_norm
 from fi_jax.models.convert import eva as convert
@@ -156,7 +157,7 @@ class Mlp(nn.Module):
                                                                        **kw)(x)
       y = nn.silu(gate) * y
     elif self.kind == "gelu":
-      y = nn.gelu(nn.Dense(self.hidden, name="fc1", **kw)(x), approximate=False)
+      y = _blocks.gelu_exact(nn.Dense(self.hidden, name="fc1", **kw)(x))
     else:
       raise ValueError(f"Unknown EVA MLP kind {self.kind!r}; use 'glu', 'swiglu' or 'gelu'.")
     if self.sub_norm:

@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fi_jax.models import _blocks
 from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.beit import layer_norm
 from fi_jax.models.convert import mlp_mixer as convert
@@ -57,12 +58,12 @@ class Mlp(nn.Module):
     kw = dict(dtype=self.dtype, precision=self.precision)
     y = nn.Dense(self.hidden, name="fc1", **kw)(x)
     if self.kind == "gelu":
-      y = nn.gelu(y, approximate=False)
+      y = _blocks.gelu_exact(y)
     elif self.kind == "glu":
       a, gate = jnp.split(y, 2, axis=-1)
       y = a * nn.silu(gate)
     elif self.kind == "sgu":
-      y = SpatialGatingUnit(name="gate", **kw)(nn.gelu(y, approximate=False))
+      y = SpatialGatingUnit(name="gate", **kw)(_blocks.gelu_exact(y))
     else:
       raise ValueError(f"Unknown MLP-Mixer MLP kind {self.kind!r}; use 'gelu', 'glu' or 'sgu'.")
     return nn.Dense(x.shape[-1], name="fc2", **kw)(y)

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.data import preprocess
+from fi_jax.models import _blocks
 from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import swin as convert
@@ -279,7 +280,7 @@ class Block(nn.Module):
     hidden = int(self.dim * self.mlp_ratio)
 
     def mlp(y):
-      y = nn.gelu(nn.Dense(hidden, name="mlp_fc1", **kw)(y), approximate=False)
+      y = _blocks.gelu_exact(nn.Dense(hidden, name="mlp_fc1", **kw)(y))
       return nn.Dense(self.dim, name="mlp_fc2", **kw)(y)
 
     norm1, norm2 = _layer_norm("norm1", self.eps), _layer_norm("norm2", self.eps)

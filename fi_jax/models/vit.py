@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fi_jax.data import preprocess
+from fi_jax.models import _blocks
 from fi_jax.models import _checkpoints as ckpt
 from fi_jax.models import _posemb as posemb
 from fi_jax.models import _pretrained as pretrained
@@ -68,7 +69,7 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
   """Named activations: big_vision uses tanh-GELU; PyTorch models use exact GELU or QuickGELU."""
   acts = {
       "gelu": lambda x: nn.gelu(x, approximate=True),
-      "gelu_exact": lambda x: nn.gelu(x, approximate=False),
+      "gelu_exact": _blocks.gelu_exact,
       "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
       "relu": nn.relu,
       "silu": nn.silu,
@@ -145,11 +146,11 @@ def heads_first_attention(query, key, value, bias=None, mask=None, broadcast_dro
                           precision=None, force_fp32_for_softmax=False):
   """flax's dot_product_attention with the heads axis moved before the sequence axes.
 
-  Same math (query scaled by 1/sqrt(d) first, masked logits set to finfo.min); XLA:CPU runs
-  the [b, h, q, d] contractions about twice as fast as flax's [b, q, h, d] ones. Training with
-  attention dropout (or an additive bias) falls back to flax's function.
+  Same math (query scaled by 1/sqrt(d) first, masked logits set to finfo.min), computed by
+  `_blocks.attention`; XLA:CPU runs the [b, h, q, d] contractions about twice as fast as flax's
+  [b, q, h, d] ones. Training with attention dropout falls back to flax's function.
   """
-  if bias is not None or (dropout_rate > 0. and not deterministic):
+  if dropout_rate > 0. and not deterministic:
     return nn.dot_product_attention(
         query, key, value, bias=bias, mask=mask, broadcast_dropout=broadcast_dropout,
         dropout_rng=dropout_rng, dropout_rate=dropout_rate, deterministic=deterministic,
@@ -157,14 +158,9 @@ def heads_first_attention(query, key, value, bias=None, mask=None, broadcast_dro
   dtype = dtype or query.dtype
   q = jnp.swapaxes(query, -3, -2) / jnp.sqrt(query.shape[-1]).astype(dtype)
   k, v = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
-  logits = jnp.einsum("...hqd,...hkd->...hqk", q, k, precision=precision)
-  if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
-  if force_fp32_for_softmax:
-    logits = logits.astype(jnp.float32)
-  weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
-  return jnp.swapaxes(jnp.einsum("...hqk,...hkd->...hqd", weights, v, precision=precision),
-                      -3, -2)
+  out = _blocks.attention(q, k, v.astype(dtype), bias=bias, mask=mask, precision=precision,
+                          softmax_dtype=jnp.float32 if force_fp32_for_softmax else None)
+  return jnp.swapaxes(out, -3, -2)
 
 
 _ATTENTION = {"flax": nn.dot_product_attention, "heads_first": heads_first_attention}

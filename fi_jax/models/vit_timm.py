@@ -32,7 +32,6 @@ Linear/Conv `weight` -> `kernel`, norm `weight` -> `scale`; `gamma`, `lambda_q1`
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Mapping, Optional, Sequence
 
@@ -41,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fi_jax.models import _blocks
 from fi_jax.models import _pretrained as pretrained
 from fi_jax.models.convert import readers
 from fi_jax.models.convert import resnet as convert_resnet
@@ -82,7 +82,7 @@ class Mlp(nn.Module):
   """timm Mlp: fc1 -> activation -> (LayerNorm `norm` if scale_norm) -> fc2."""
   hidden: int
   out: Optional[int] = None
-  act: Any = functools.partial(nn.gelu, approximate=False)
+  act: Any = _blocks.gelu_exact
   scale_norm: bool = False
   ln_eps: float = 1e-6
 
@@ -128,10 +128,7 @@ class RelPosMlp(nn.Module):
 
 def _softmax_attention(q, k, v, bias=None):
   """[B, H, N, d] q / k / v (q unscaled) -> [B, H, N, d_v]."""
-  logits = jnp.einsum("bhqd,bhkd->bhqk", q / math.sqrt(q.shape[-1]), k, precision=HIGHEST)
-  if bias is not None:
-    logits = logits + bias
-  return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(logits, -1), v, precision=HIGHEST)
+  return _blocks.attention(q / math.sqrt(q.shape[-1]), k, v, bias=bias, precision=HIGHEST)
 
 
 def diff_attention(module: nn.Module, q, k, v, num_heads: int, block_index: int):
@@ -225,7 +222,7 @@ class Block(nn.Module):
     x_mlp, q, k, v = jnp.split(y, np.cumsum([self.mlp_dim, d, d]), axis=-1)
     if not self.qkv_bias:
       x_mlp = x_mlp + self.param("mlp_bias", nn.initializers.zeros, (self.mlp_dim,), jnp.float32)
-    x_mlp = nn.gelu(x_mlp, approximate=False)
+    x_mlp = _blocks.gelu_exact(x_mlp)
     if self.kind == "diff_parallel":
       x_attn = diff_attention(self, q, k, v, self.num_heads, self.block_index)
       y = _dense(d, "out_proj")(jnp.concatenate([x_attn, x_mlp], -1))

@@ -92,7 +92,7 @@ class LPI(nn.Module):
     dw = lambda name: _blocks.DepthwiseConv((3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype,
                                             precision=self.precision, name=name)
     y = dw("conv1")(x.reshape(b, *hw, c))
-    y = _blocks.BatchNorm(name="bn")(nn.gelu(y, approximate=False))
+    y = _blocks.BatchNorm(name="bn")(_blocks.gelu_exact(y))
     return dw("conv2")(y).reshape(b, n, c)
 
 
@@ -163,7 +163,7 @@ class _Model(nn.Module):
     x = jnp.asarray(image, dt)
     for i, c in enumerate(widths):
       if i:
-        x = nn.gelu(x, approximate=False)
+        x = _blocks.gelu_exact(x)
       x = _blocks.conv(c, 3, 2, dtype=dt, precision=self.precision, name=f"stem_{i}_conv")(x)
       x = _blocks.BatchNorm(name=f"stem_{i}_bn")(x)
     b, h, w, _ = x.shape

@@ -103,10 +103,15 @@ def test_the_model_forward_keeps_xlas_defaults_for_the_flags_added():
           "from fi_jax.common import compile_options; "
           "print(json.dumps(compile_options.model_step(), sort_keys=True, separators=(',', ':')))")
   ynn = '"xla_cpu_experimental_ynn_fusion_type":""'
+  passes = ',"xla_disable_hlo_passes":"tree_reduction_rewriter"'
   assert _child(code) == [
-      '{"xla_backend_optimization_level":3,' + ynn + ',"xla_cpu_use_fusion_emitters":true}']
+      '{"xla_backend_optimization_level":3,' + ynn + ',"xla_cpu_use_fusion_emitters":true'
+      + passes + '}']
   assert _child(code, env_flags="--xla_backend_optimization_level=2") == [
-      '{' + ynn + ',"xla_cpu_use_fusion_emitters":true}']
+      '{' + ynn + ',"xla_cpu_use_fusion_emitters":true' + passes + '}']
+  # a pass the user disabled stays disabled in the forward step
+  assert _child(code, env_flags="--xla_disable_hlo_passes=foo,bar")[0].endswith(
+      '"xla_disable_hlo_passes":"foo,bar,tree_reduction_rewriter"}')
 
 
 def test_forward_compiles_its_step_with_the_model_step_options(monkeypatch):
