@@ -608,7 +608,7 @@ class CFOOD(Detector):
   values (docs/detectors.md#cfood)."""
   name, needs = "cfood", frozenset({"features"})
   fit_needs = frozenset({"features"})
-  defaults = {"alpha": 0.1, "k": 0.01, "seed": 0, "query_block": 256}
+  defaults = {"alpha": 0.1, "k": 0.01, "seed": 0, "query_block": 128}
   score_only = frozenset({"k", "query_block"})
 
   @classmethod
