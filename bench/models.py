@@ -22,7 +22,12 @@ ConvNeXt, EfficientNet's) is a slow generic loop, so the models compute it as sh
 multiply-adds (`fi_jax.models._blocks.DepthwiseConv`); XLA:CPU's YNNPACK fusions of the
 elementwise chains before a LayerNorm / batch norm are slow, so the forward step turns them off
 (`compile_options.CPU_FORWARD`); the quick CPU pipeline's LLVM -O1 slows the batch-norm
-fusions, so the forward step keeps XLA's defaults (`compile_options.model_step`).
+fusions, so the forward step keeps XLA's defaults (`compile_options.model_step`). The
+transformers lost time in three places: XLA:CPU's tree-reduction rewrite of every LayerNorm /
+softmax row reduction into an unfused reduce-window (the forward step disables that pass),
+`jax.nn.gelu`'s erfc (the ports use `_blocks.gelu_exact`, torch's erf formula) and the
+[B, H, N, N] attention logits streamed through memory several times (`_blocks.attention` runs
+the (batch, head) pairs in cache-sized chunks on the CPU).
 """
 from __future__ import annotations
 

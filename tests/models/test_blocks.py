@@ -56,8 +56,9 @@ def test_attention_chunks_are_lax_map_steps_on_cpu(monkeypatch):
   assert "while" in hlo()
 
 
-def test_vit_forward_same_with_and_without_chunks(monkeypatch):
-  model = vit.Model(7, patch_size=(8, 8), width=32, depth=2, mlp_dim=64, num_heads=4)
+@pytest.mark.parametrize("scan", [False, True])
+def test_vit_forward_same_with_and_without_chunks(monkeypatch, scan):
+  model = vit.Model(7, patch_size=(8, 8), width=32, depth=2, mlp_dim=64, num_heads=4, scan=scan)
   x = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype(np.float32)
   params = model.init(jax.random.PRNGKey(0), x)
   whole = np.asarray(jax.jit(model.apply)(params, x)[0])
