@@ -110,7 +110,12 @@ def _layer_norm(name: str, eps: float) -> nn.LayerNorm:
 
 class GlobalResponseNorm(nn.Module):
   """ConvNeXt V2's GRN on NHWC maps: x + bias + weight * x * n, where n is each channel's
-  spatial L2 norm divided by its mean over the channels (+ eps); params `weight`, `bias` (C,)."""
+  spatial L2 norm divided by its mean over the channels (+ eps); params `weight`, `bias` (C,).
+
+  The spatial sums of squares are a product with a vector of ones: XLA:CPU fuses a plain sum
+  over the spatial axes with its producer into a loop that strides across the channels (with
+  its tree-reduction rewrite off, as in the forward step: ConvNeXt V2-T 2.86 s against 2.37 s a
+  batch of 32)."""
   eps: float = 1e-6
 
   @nn.compact
@@ -119,7 +124,10 @@ class GlobalResponseNorm(nn.Module):
     weight = self.param("weight", nn.initializers.zeros, (c,), jnp.float32)
     bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
     x32 = x.astype(jnp.float32)
-    norm = jnp.sqrt(jnp.sum(jnp.square(x32), axis=(1, 2), keepdims=True))
+    b, h, w, _ = x32.shape
+    squares = jnp.einsum("bsc,s->bc", jnp.square(x32).reshape(b, h * w, c),
+                         jnp.ones((h * w,), jnp.float32), precision=_blocks.HIGHEST)
+    norm = jnp.sqrt(squares)[:, None, None]
     n = norm / (jnp.mean(norm, axis=-1, keepdims=True) + self.eps)
     return (x32 + (bias + weight * (x32 * n))).astype(x.dtype)
 
