@@ -147,8 +147,9 @@ def heads_first_attention(query, key, value, bias=None, mask=None, broadcast_dro
   """flax's dot_product_attention with the heads axis moved before the sequence axes.
 
   Same math (query scaled by 1/sqrt(d) first, masked logits set to finfo.min), computed by
-  `_blocks.attention`; XLA:CPU runs the [b, h, q, d] contractions about twice as fast as flax's
-  [b, q, h, d] ones. Training with attention dropout falls back to flax's function.
+  `_blocks.attention` (layout "bnhd"); XLA:CPU runs the [b, h, q, d] contractions about twice
+  as fast as flax's [b, q, h, d] ones. Training with attention dropout falls back to flax's
+  function.
   """
   if dropout_rate > 0. and not deterministic:
     return nn.dot_product_attention(
@@ -156,11 +157,10 @@ def heads_first_attention(query, key, value, bias=None, mask=None, broadcast_dro
         dropout_rng=dropout_rng, dropout_rate=dropout_rate, deterministic=deterministic,
         dtype=dtype, precision=precision, force_fp32_for_softmax=force_fp32_for_softmax)
   dtype = dtype or query.dtype
-  q = jnp.swapaxes(query, -3, -2) / jnp.sqrt(query.shape[-1]).astype(dtype)
-  k, v = jnp.swapaxes(key, -3, -2), jnp.swapaxes(value, -3, -2)
-  out = _blocks.attention(q, k, v.astype(dtype), bias=bias, mask=mask, precision=precision,
-                          softmax_dtype=jnp.float32 if force_fp32_for_softmax else None)
-  return jnp.swapaxes(out, -3, -2)
+  q = query / jnp.sqrt(query.shape[-1]).astype(dtype)
+  return _blocks.attention(q, key, value.astype(dtype), bias=bias, mask=mask,
+                           precision=precision, layout="bnhd",
+                           softmax_dtype=jnp.float32 if force_fp32_for_softmax else None)
 
 
 _ATTENTION = {"flax": nn.dot_product_attention, "heads_first": heads_first_attention}

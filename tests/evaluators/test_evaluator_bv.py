@@ -52,12 +52,17 @@ def test_train_state_never_replicated(seen):
 
 @pytest.mark.slow
 def test_equals_main_py(seen):
+  """The same metrics up to a few flipped (ID, OOD) pairs: the two forwards are different XLA
+  programs (main.py's forward function and the evaluator's predict_fn), and XLA:CPU's row
+  reductions (LayerNorm, softmax), without the tree-reduction rewrite the forward step turns
+  off, round by what they are fused with; features then differ at float rounding and an AUROC
+  by a pair flip, 1 / (n_id n_ood) ~ 1.4e-5 on these sets (equal to 1e-6 with the rewrite)."""
   assert seen["main_errors"] == []
   for got in (seen["eval"], seen["eval_replicated"]):
     got = _ood_metrics(got)
     assert set(got) == set(seen["main"])
     for k, v in seen["main"].items():
-      assert got[k] == pytest.approx(v, abs=1e-6), k
+      assert got[k] == pytest.approx(v, abs=5e-5), k
 
 
 @pytest.mark.slow

@@ -74,3 +74,23 @@ def test_gelu_exact_equals_erfc_form_and_torch():
   np.testing.assert_allclose(ours, exact, rtol=0, atol=2e-6)
   np.testing.assert_allclose(ours, torch.nn.GELU()(torch.from_numpy(x)).numpy(), rtol=0, atol=1e-6)
   assert ours.dtype == np.float32
+
+
+@pytest.mark.parametrize("images", [None, 2])
+@pytest.mark.parametrize("bias", ["none", "per-head", "per-image"])
+@pytest.mark.parametrize("mask", ["none", "per-image"])
+def test_attention_bnhd_layout_equals_reference(monkeypatch, images, bias, mask):
+  """layout="bnhd": [B, N, H, d] in and out; unchunked, and on the CPU 2 images a step (3
+  images: a remainder step), bias / mask slices gathered per image."""
+  if images is not None:
+    monkeypatch.setattr(_blocks, "ATTENTION_CHUNK_BYTES", images * H * N * N * 4)
+  q, k, v = (np.random.default_rng(s).standard_normal((B, H, N, D)).astype(np.float32)
+             for s in (1, 2, 3))
+  b, m = _BIASES[bias], _MASKS[mask]
+  bnhd = lambda t: np.swapaxes(t, 1, 2)
+  fn = jax.jit(lambda q, k, v: _blocks.attention(q, k, v, bias=b, mask=m, layout="bnhd"))
+  out = fn(bnhd(q), bnhd(k), bnhd(v))
+  assert out.shape == (B, N, H, D)
+  np.testing.assert_allclose(out, bnhd(_reference(q, k, v, b, m)), rtol=0, atol=2e-6)
+  if images is not None:
+    assert "while" in fn.lower(bnhd(q), bnhd(k), bnhd(v)).as_text()
