@@ -102,7 +102,7 @@ def test_the_model_forward_keeps_xlas_defaults_for_the_flags_added():
   code = ("import json; from fi_jax.run import xla_flags; xla_flags.fast_cpu_compile(); "
           "from fi_jax.common import compile_options; "
           "print(json.dumps(compile_options.model_step(), sort_keys=True, separators=(',', ':')))")
-  ynn = '"xla_cpu_experimental_ynn_fusion_type":""'
+  ynn = '"xla_cpu_experimental_ynn_fusion_type":"","xla_cpu_prefer_vector_width":512'
   passes = ',"xla_disable_hlo_passes":"tree_reduction_rewriter"'
   assert _child(code) == [
       '{"xla_backend_optimization_level":3,' + ynn + ',"xla_cpu_use_fusion_emitters":true'
