@@ -86,8 +86,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: Optional[jax.Ar
   def rows_of(t):
     if t is None:
       return None, None
-    t = jnp.asarray(t)
-    t = t.reshape((1,) * (4 - t.ndim) + t.shape)
+    t = _as_4d(t)
     tb, th = t.shape[:2]
     t = jnp.broadcast_to(t, (tb, th, nq, nk)).reshape(tb * th, nq, nk)
     rows = (index // h if tb > 1 else 0) * th + (index % h if th > 1 else 0)
@@ -109,6 +108,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: Optional[jax.Ar
 
 
 def _as_4d(t: Optional[jax.Array]) -> Optional[jax.Array]:
+  """A bias / mask with fewer than 4 axes, with leading axes of size 1 added (None stays)."""
   if t is None:
     return None
   t = jnp.asarray(t)
