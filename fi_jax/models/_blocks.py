@@ -58,6 +58,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: Optional[jax.Ar
                            softmax_dtype=softmax_dtype)
   b, h, nq, d = q.shape
   nk, dv = k.shape[-2], v.shape[-1]
+  on_cpu = jax.default_backend() == "cpu"
 
   def chunk(q, k, v, bias, mask):
     logits = jnp.einsum("...qd,...kd->...qk", q, k, precision=precision)
@@ -67,7 +68,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: Optional[jax.Ar
       logits = logits.astype(softmax_dtype)
     if mask is not None:
       logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
-    if jax.default_backend() != "cpu":
+    if not on_cpu:
       weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
       return jnp.einsum("...qk,...kd->...qd", weights, v, precision=precision)
     e = jnp.exp(logits - logits.max(-1, keepdims=True))
@@ -75,7 +76,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, bias: Optional[jax.Ar
     return (out / e.sum(-1, keepdims=True)).astype(v.dtype)
 
   rows = max(1, ATTENTION_CHUNK_BYTES // (nq * nk * 4))
-  if jax.default_backend() != "cpu" or rows >= b * h:
+  if not on_cpu or rows >= b * h:
     return chunk(q, k, v, bias, mask)
 
   # one row per (batch, head) pair; bias / mask rows are gathered per chunk from their own
