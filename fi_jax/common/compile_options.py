@@ -1,4 +1,5 @@
-"""XLA compiler options for the model's forward steps, set by the run layer.
+"""XLA compiler options for the model's forward steps, set by the run layer, and for the
+detectors' exact selection programs (`selection_step`).
 
 The CLI compiles with XLA's quick CPU pipeline (`fi_jax.run.xla_flags`: LLVM -O1, no fusion
 emitters, set process-wide in XLA_FLAGS) because a small run is mostly the compilation of many
@@ -39,14 +40,32 @@ _MODEL_STEP: Optional[dict[str, Any]] = None
 def model_step() -> Optional[dict[str, Any]]:
   """The compiler options of a model's forward step: on the CPU `CPU_FORWARD` plus what the
   run layer recorded (`set_model_step`); None when there are none."""
-  options = dict(CPU_FORWARD) if jax.default_backend() == "cpu" else {}
+  options = _with_user_passes(dict(CPU_FORWARD)) if jax.default_backend() == "cpu" else {}
+  options.update(_MODEL_STEP or {})
+  return options or None
+
+
+def selection_step() -> Optional[dict[str, Any]]:
+  """The compiler options of the exact selection programs (KNN's blockwise search,
+  `fi_jax.detectors.knn.knn_order_stats`): on the CPU, XLA's `tree_reduction_rewriter` pass
+  off, so each of the search's counting passes over a block's [rows, groups] keys is one
+  reduction instead of a reduce-window and a second reduce (KNN's search ~15% faster,
+  docs/performance.md). Its reductions are integer counts, maxima and minima, exact in any
+  order; only the top-k sums (NNGuide) are float sums, in float64 under x64. None elsewhere."""
+  if jax.default_backend() != "cpu":
+    return None
+  return _with_user_passes({"xla_disable_hlo_passes": "tree_reduction_rewriter"})
+
+
+def _with_user_passes(options: dict[str, Any]) -> dict[str, Any]:
+  """options whose `xla_disable_hlo_passes` also names the passes the user disabled in
+  XLA_FLAGS (compiler_options replace XLA_FLAGS' value for that program)."""
   passes = options.get("xla_disable_hlo_passes")
-  if passes:   # compiler_options replace XLA_FLAGS' value: keep the passes the user disabled
+  if passes:
     user = re.findall(r"--xla_disable_hlo_passes=(\S+)", os.environ.get("XLA_FLAGS", ""))
     names = [n for v in user for n in v.split(",") if n] + passes.split(",")
     options["xla_disable_hlo_passes"] = ",".join(dict.fromkeys(names))
-  options.update(_MODEL_STEP or {})
-  return options or None
+  return options
 
 
 def set_model_step(options: Optional[Mapping[str, Any]]) -> None:

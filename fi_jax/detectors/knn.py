@@ -28,6 +28,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from fi_jax.common import compile_options
 from fi_jax.detectors import distance, selection, shared, stats
 from fi_jax.detectors.core import (
   HIGHEST,
@@ -79,13 +80,24 @@ def _local_candidates(q, bank, n_valid, offset, k: int, bank_block: int):
       block(0))
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("ks", "query_block", "bank_block", "mesh", "sums"))
 def knn_order_stats(queries, bank, n_valid, *, ks: tuple[int, ...], query_block: int,
                     bank_block: int, mesh=None, sums: bool = True):
   """For every k in ks: the k-th largest inner product [N, m] (float32) of each float32 query
   with the first n_valid bank rows, and the sum of the k largest [N, m] (compute dtype; None
-  without `sums`)."""
+  without `sums`). Jitted with `compile_options.selection_step()` (a call inside another
+  jitted function is traced into it)."""
+  return _search_program()(queries, bank, n_valid, ks=tuple(ks), query_block=query_block,
+                           bank_block=bank_block, mesh=mesh, sums=sums)
+
+
+@functools.cache
+def _search_program():
+  return jax.jit(_knn_order_stats,
+                 static_argnames=("ks", "query_block", "bank_block", "mesh", "sums"),
+                 compiler_options=compile_options.selection_step())
+
+
+def _knn_order_stats(queries, bank, n_valid, *, ks, query_block, bank_block, mesh, sums):
   n, d = queries.shape
   k = max(ks)
   qb = max(1, min(query_block, n))

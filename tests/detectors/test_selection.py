@@ -139,3 +139,29 @@ def test_signed_zeros_tie_in_metrics_and_selection():
   np.testing.assert_array_equal(np.asarray(kth), [[2.0, 0.0, 0.0, -1.0]])
   assert not np.signbit(np.asarray(kth)[0, 1:3]).any()   # a zero order statistic is +0.0
   np.testing.assert_array_equal(np.asarray(top_sum), [[2.0, 2.0, 2.0, 1.0]])
+
+
+def test_knn_search_is_compiled_without_the_tree_reduction_rewrite(monkeypatch):
+  """KNN's search program is compiled with compile_options.selection_step(): on the CPU the
+  tree-reduction rewrite off (its counting passes: one reduction each), passes the user
+  disabled in XLA_FLAGS kept; the values equal the oracle's."""
+  from fi_jax.common import compile_options
+  from fi_jax.detectors import knn
+  monkeypatch.setenv("XLA_FLAGS", "--xla_disable_hlo_passes=foo")
+  assert compile_options.selection_step() == {
+      "xla_disable_hlo_passes": "foo,tree_reduction_rewriter"}
+  monkeypatch.delenv("XLA_FLAGS")
+  assert compile_options.selection_step() == {"xla_disable_hlo_passes": "tree_reduction_rewriter"}
+  seen = []
+  real_jit = knn.jax.jit
+  monkeypatch.setattr(knn.jax, "jit", lambda f, **kw: seen.append(kw) or real_jit(f, **kw))
+  monkeypatch.setattr(knn, "_search_program", knn._search_program.__wrapped__)
+  rng = np.random.default_rng(3)
+  bank = rng.normal(size=(256, 8)).astype(np.float32)
+  q = rng.normal(size=(20, 8)).astype(np.float32)
+  kth, top = knn.knn_order_stats(jnp.asarray(q), jnp.asarray(bank), jnp.int32(250), ks=(3, 17),
+                                 query_block=8, bank_block=128)
+  assert seen[-1]["compiler_options"] == compile_options.selection_step()
+  ref_kth, ref_sum = selection.reference_top_k(jnp.asarray(q @ bank[:250].T), (3, 17))
+  np.testing.assert_allclose(kth, ref_kth, rtol=1e-6)   # float32 products: rounding only
+  np.testing.assert_allclose(top, ref_sum, rtol=1e-6)
