@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.detectors import core, shared, stats
+from fi_jax.common import compile_options
+from fi_jax.detectors import core, selection, shared, stats
 from fi_jax.detectors.core import (
   Detector,
   cdtype,
@@ -115,16 +116,20 @@ def _ash_keep(d: int, percentile: float) -> int:
   return d - int(np.round(d * percentile / 100.0))
 
 
-@functools.partial(jax.jit, static_argnames=("k",))
 def _prune(h, k: int):
-  """(mask of the k largest entries per row (lax.top_k's choice among ties), s1 = sum h,
-  s2 = sum of the kept entries)."""
-  h = jnp.asarray(h, jnp.float32)
-  _, idx = jax.lax.top_k(h, k)
-  mask = jnp.zeros(h.shape, bool).at[jnp.arange(h.shape[0])[:, None], idx].set(True)
-  s1 = jnp.sum(fc(h), -1)
-  s2 = jnp.sum(jnp.where(mask, fc(h), 0.0), -1)
-  return mask, s1, s2
+  """(mask of the k largest entries per row (lax.top_k's choice among ties:
+  selection.top_k_mask), s1 = sum h, s2 = sum of the kept entries)."""
+  return _prune_program()(h, k)
+
+
+@functools.cache
+def _prune_program():
+  def prune(h, k):
+    h = jnp.asarray(h, jnp.float32)
+    mask = selection.top_k_mask(h, k)
+    return mask, jnp.sum(fc(h), -1), jnp.sum(jnp.where(mask, fc(h), 0.0), -1)
+  return jax.jit(prune, static_argnames=("k",),
+                 compiler_options=compile_options.selection_step())
 
 
 def _ratio(s1, s2):

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fi_jax.common import compile_options
 from fi_jax.common.outputs import Head, Outputs
 from fi_jax.detectors import shared
 
@@ -189,6 +190,10 @@ class Detector(abc.ABC):
   model_families: ClassVar[Optional[tuple[str, ...]]] = None
   text_bank: ClassVar[Optional[str]] = None
 
+  # the jitted score is compiled with `compile_options.selection_step()` (its long reductions
+  # are counts and extrema, exact in any order; CFOOD's search)
+  selection_program: ClassVar[bool] = False
+
   _jit_cache: ClassVar[dict] = {}
 
   def __init__(self, **hparams):
@@ -203,7 +208,8 @@ class Detector(abc.ABC):
       raise ValueError(f"{self.name}: hyper-parameters must be scalars (int, float, bool, str, "
                        f"None); got {self.hparams}.") from None
     if key not in Detector._jit_cache:
-      Detector._jit_cache[key] = jax.jit(self._score)
+      options = compile_options.selection_step() if self.selection_program else None
+      Detector._jit_cache[key] = jax.jit(self._score, compiler_options=options)
     self._score_jit = Detector._jit_cache[key]
 
   @classmethod

@@ -621,6 +621,7 @@ class CFOOD(Detector):
   name, needs = "cfood", frozenset({"features"})
   fit_needs = frozenset({"features"})
   defaults = {"alpha": 0.1, "k": 0.01, "seed": 0, "query_block": 128}
+  selection_program = True     # the search's counts: one reduction a pass (~20% faster)
   score_only = frozenset({"k", "query_block"})
 
   @classmethod

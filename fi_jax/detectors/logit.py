@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.detectors import shared, stats
+from fi_jax.detectors import selection, shared, stats
 from fi_jax.detectors.core import (
   Detector,
   cdtype,
@@ -144,6 +144,7 @@ class GEN(Detector):
   saturated softmaxes keep their order."""
   name, needs = "gen", frozenset({"logits"})
   defaults = {"gamma": 0.1, "top_m": 100}
+  selection_program = True     # the top-m search's counts: one reduction a pass
 
   @classmethod
   def validate(cls, hp):
@@ -155,9 +156,11 @@ class GEN(Detector):
     m = min(int(self.hparams["top_m"]), logp.shape[-1])
     # log p = z - const per row, so the m largest log-probabilities sit at the m largest logits:
     # select on the model's float32 logits (a float64 top-k is several times slower on CPUs)
+    # (selection.top_k_indices: lax.top_k's entries, sort-free; in index order, so the sum
+    # below is in another order than the references' descending one)
     z = jnp.asarray(logits)
-    if z.dtype == jnp.float32 and logp.dtype != jnp.float32:
-      top = jnp.take_along_axis(logp, jax.lax.top_k(z, m)[1], axis=-1)
+    if z.dtype == jnp.float32:
+      top = jnp.take_along_axis(logp, selection.top_k_indices(z, m), axis=-1)
     else:
       top = jax.lax.top_k(logp, m)[0]
     log1mp = jnp.log(-jnp.expm1(top))

@@ -165,3 +165,45 @@ def test_knn_search_is_compiled_without_the_tree_reduction_rewrite(monkeypatch):
   ref_kth, ref_sum = selection.reference_top_k(jnp.asarray(q @ bank[:250].T), (3, 17))
   np.testing.assert_allclose(kth, ref_kth, rtol=1e-6)   # float32 products: rounding only
   np.testing.assert_allclose(top, ref_sum, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["normal", "rounded", "signed_zeros", "constant"])
+def test_top_k_mask_and_indices_pick_lax_top_ks_entries(kind):
+  """top_k_mask / top_k_indices select exactly lax.top_k's entries: its order (-0.0 below
+  +0.0) and the lowest indices among ties, including more ties than room at the k-th."""
+  rng = np.random.default_rng(7)
+  for b, n, k in ((1, 1, 1), (5, 9, 4), (130, 300, 37), (256, 768, 77), (3, 1000, 1000)):
+    x = rng.normal(size=(b, n)).astype(np.float32)
+    if kind == "rounded":
+      x = np.round(x, 1)
+    elif kind == "signed_zeros":
+      zeros = np.where(rng.random((b, n)) < 0.5, -0.0, 0.0).astype(np.float32)
+      x = np.where(rng.random((b, n)) < 0.6, zeros, x)
+    elif kind == "constant":
+      x = np.full((b, n), 2.5, np.float32)
+    idx = np.asarray(jax.lax.top_k(jnp.asarray(x), k)[1])
+    want = np.zeros((b, n), bool)
+    np.put_along_axis(want, idx, True, 1)
+    np.testing.assert_array_equal(selection.top_k_mask(jnp.asarray(x), k), want)
+    np.testing.assert_array_equal(selection.top_k_indices(jnp.asarray(x), k), np.sort(idx, 1))
+
+
+def test_detectors_with_selection_programs_compile_with_selection_step(monkeypatch):
+  """CFOOD's and GEN's jitted scores (selection_program) get compile_options.selection_step();
+  the others XLA's defaults."""
+  from fi_jax import detectors
+  from fi_jax.common import compile_options
+  from fi_jax.detectors import core
+  seen = {}
+  real_jit = core.jax.jit
+  monkeypatch.setattr(core.Detector, "_jit_cache", {})
+
+  def jit(f, **kw):
+    seen[f.__self__.name] = kw
+    return real_jit(f, **kw)
+  monkeypatch.setattr(core.jax, "jit", jit)
+  for name in ("cfood", "gen", "msp"):
+    detectors.build(name)
+  assert seen["cfood"]["compiler_options"] == compile_options.selection_step()
+  assert seen["gen"]["compiler_options"] == compile_options.selection_step()
+  assert seen["msp"]["compiler_options"] is None
