@@ -161,6 +161,21 @@ def bin_index(x, edges) -> jax.Array:
 
 # ----------------------------------------------------------------------------- contract
 
+def _selection_jit(fn: Callable) -> Callable:
+  """fn jitted with `compile_options.selection_step()`, built at its first call: the options
+  read the backend, and building a detector must not start it (the run layer sets XLA's flags
+  after the config's detectors are built; a backend started before keeps XLA's defaults for
+  the whole run)."""
+  jitted = None
+
+  def call(*args):
+    nonlocal jitted
+    if jitted is None:
+      jitted = jax.jit(fn, compiler_options=compile_options.selection_step())
+    return jitted(*args)
+  return call
+
+
 class Detector(abc.ABC):
   """Base class: hyper-parameters are static (they stay on the detector), `state` is a dict of
   arrays. Subclasses set `name`, `needs`, `defaults` (the paper default = preset None),
@@ -208,8 +223,8 @@ class Detector(abc.ABC):
       raise ValueError(f"{self.name}: hyper-parameters must be scalars (int, float, bool, str, "
                        f"None); got {self.hparams}.") from None
     if key not in Detector._jit_cache:
-      options = compile_options.selection_step() if self.selection_program else None
-      Detector._jit_cache[key] = jax.jit(self._score, compiler_options=options)
+      Detector._jit_cache[key] = (_selection_jit(self._score) if self.selection_program
+                                  else jax.jit(self._score))
     self._score_jit = Detector._jit_cache[key]
 
   @classmethod

@@ -189,21 +189,38 @@ def test_top_k_mask_and_indices_pick_lax_top_ks_entries(kind):
 
 
 def test_detectors_with_selection_programs_compile_with_selection_step(monkeypatch):
-  """CFOOD's and GEN's jitted scores (selection_program) get compile_options.selection_step();
-  the others XLA's defaults."""
+  """CFOOD's and GEN's jitted scores (selection_program) get compile_options.selection_step()
+  when first called; the others XLA's defaults."""
   from fi_jax import detectors
   from fi_jax.common import compile_options
   from fi_jax.detectors import core
   seen = {}
   real_jit = core.jax.jit
-  monkeypatch.setattr(core.Detector, "_jit_cache", {})
 
   def jit(f, **kw):
     seen[f.__self__.name] = kw
     return real_jit(f, **kw)
+  monkeypatch.setattr(core.Detector, "_jit_cache", {})
   monkeypatch.setattr(core.jax, "jit", jit)
+  rng = np.random.default_rng(0)
+  h = np.abs(rng.normal(size=(40, 8))).astype(np.float32)
+  z = rng.normal(size=(40, 5)).astype(np.float32)
+  fit, test = detectors.Outputs(h, z, None), detectors.Outputs(h[:9], z[:9], None)
   for name in ("cfood", "gen", "msp"):
-    detectors.build(name)
+    det = detectors.build(name, **({"alpha": 1.0} if name == "cfood" else {}))
+    assert np.isfinite(np.asarray(det.score(det.fit(fit), test))).all()
   assert seen["cfood"]["compiler_options"] == compile_options.selection_step()
   assert seen["gen"]["compiler_options"] == compile_options.selection_step()
-  assert seen["msp"]["compiler_options"] is None
+  assert "compiler_options" not in seen["msp"]
+
+
+def test_building_a_selection_detector_leaves_the_backend_unstarted():
+  """The run layer sets XLA's flags after building the config's detectors: building one must
+  not start JAX's backend (XLA reads its flags then)."""
+  import subprocess
+  import sys
+  code = ("from fi_jax import detectors; from fi_jax.run import xla_flags; "
+          "[detectors.build(n) for n in ('cfood', 'gen', 'knn', 'ash_p', 'scale')]; "
+          "print(xla_flags.backend_started())")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.split() == ["False"], out.stderr[-2000:]
