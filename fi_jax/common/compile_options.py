@@ -46,12 +46,14 @@ def model_step() -> Optional[dict[str, Any]]:
 
 
 def selection_step() -> Optional[dict[str, Any]]:
-  """The compiler options of the exact selection programs (KNN's blockwise search,
-  `fi_jax.detectors.knn.knn_order_stats`): on the CPU, XLA's `tree_reduction_rewriter` pass
-  off, so each of the search's counting passes over a block's [rows, groups] keys is one
-  reduction instead of a reduce-window and a second reduce (KNN's search ~15% faster,
-  docs/performance.md). Its reductions are integer counts, maxima and minima, exact in any
-  order; only the top-k sums (NNGuide) are float sums, in float64 under x64. None elsewhere."""
+  """The compiler options of the exact selection programs (KNN's blockwise search
+  `fi_jax.detectors.knn.knn_order_stats`, ASH / SCALE's top-k pruning, and the jitted scores
+  of the detectors with `selection_program`: CFOOD, GEN): on the CPU, XLA's
+  `tree_reduction_rewriter` pass off, so each counting pass of a threshold search is one
+  reduction instead of a reduce-window and a second reduce (KNN's search ~15% faster, the
+  top-k masks 2-3x faster than XLA's TopK; docs/performance.md). Their long reductions are
+  integer counts, maxima and minima, exact in any order; the float sums among them (NNGuide's
+  top-k sums, ASH's s1 / s2, GEN's M terms) are float64 under x64. None elsewhere."""
   if jax.default_backend() != "cpu":
     return None
   return _with_user_passes({"xla_disable_hlo_passes": "tree_reduction_rewriter"})

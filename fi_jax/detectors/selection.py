@@ -189,6 +189,13 @@ def group_size(n: int, k: int) -> int:
 
 # ----------------------------------------------------------------------------- selection
 
+def _first_k(above, at, k: int):
+  """above, plus the first entries of `at` in index order up to k entries in all (a row
+  [B, n] per row of the bool masks; `at` holds the ties at the k-th largest)."""
+  room = k - jnp.sum(above, axis=1, keepdims=True, dtype=jnp.int32)
+  return above | (at & (jnp.cumsum(at, axis=1, dtype=jnp.int32) <= room))
+
+
 def _top_groups_rows(vals, k: int):
   """top_groups on one block of rows."""
   b, n_groups, _ = vals.shape
@@ -201,9 +208,7 @@ def _top_groups_rows(vals, k: int):
   t, c = _threshold(gmax, k, n_slots - k)
 
   def tie_order():                         # t is the k-th largest maximum where c > slots
-    above, at = gmax > t[:, None], gmax == t[:, None]
-    room = k - jnp.sum(above, axis=1, keepdims=True, dtype=jnp.int32)
-    return above | (at & (jnp.cumsum(at, axis=1, dtype=jnp.int32) <= room))
+    return _first_k(gmax > t[:, None], gmax == t[:, None], k)
   keep = lax.cond(jnp.any(c > n_slots), tie_order, lambda: gmax >= t[:, None])
   idx = kept_indices(keep, n_slots)
   groups = jnp.take_along_axis(vals, idx[:, :, None], axis=1, mode="fill",
@@ -287,11 +292,9 @@ def _top_k_mask_rows(x, k: int):
   t, _ = _threshold(keys, k)
   kth = jnp.min(jnp.where(keys >= t[:, None], keys, jnp.iinfo(jnp.int32).max), axis=1)
   above, at = keys > kth[:, None], keys == kth[:, None]
-  room = k - jnp.sum(above, axis=1, keepdims=True, dtype=jnp.int32)
-  # the k-th largest is tied beyond the room left: the first of the tied entries (index order)
-  return lax.cond(jnp.any(jnp.sum(at, axis=1, keepdims=True, dtype=jnp.int32) > room),
-                  lambda: above | (at & (jnp.cumsum(at, axis=1, dtype=jnp.int32) <= room)),
-                  lambda: above | at)
+  # ties at the k-th largest beyond the room left: the first of them (index order)
+  tied_over = jnp.sum(above | at, axis=1, dtype=jnp.int32) > k
+  return lax.cond(jnp.any(tied_over), lambda: _first_k(above, at, k), lambda: above | at)
 
 
 def top_k_mask(x: jax.Array, k: int) -> jax.Array:
