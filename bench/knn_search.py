@@ -60,7 +60,7 @@ def main():
   q = jnp.asarray(queries)
   hp = knn.KNN.defaults
   call = dict(ks=ks, query_block=hp["query_block"], bank_block=hp["bank_block"], sums=False)
-  lowered = jax.jit(knn._knn_order_stats, static_argnames=tuple(call) + ("mesh",)).lower(
+  lowered = jax.jit(knn._knn_order_stats, static_argnames=knn._SEARCH_STATIC).lower(
       q, placed["bank"], placed["n"], mesh=None, **call)
   programs = {"fi_jax (selection_step)": lowered.compile(compile_options.selection_step()),
               "fi_jax (XLA defaults)": lowered.compile()}

@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fi_jax.common import compile_options
 from fi_jax.detectors import core, selection, shared, stats
 from fi_jax.detectors.core import (
   Detector,
@@ -119,17 +118,16 @@ def _ash_keep(d: int, percentile: float) -> int:
 def _prune(h, k: int):
   """(mask of the k largest entries per row (lax.top_k's choice among ties:
   selection.top_k_mask), s1 = sum h, s2 = sum of the kept entries)."""
-  return _prune_program()(h, k)
+  return _prune_jit(h, k=k)
 
 
-@functools.cache
-def _prune_program():
-  def prune(h, k):
-    h = jnp.asarray(h, jnp.float32)
-    mask = selection.top_k_mask(h, k)
-    return mask, jnp.sum(fc(h), -1), jnp.sum(jnp.where(mask, fc(h), 0.0), -1)
-  return jax.jit(prune, static_argnames=("k",),
-                 compiler_options=compile_options.selection_step())
+def _prune_rows(h, k: int):
+  h = jnp.asarray(h, jnp.float32)
+  mask = selection.top_k_mask(h, k)
+  return mask, jnp.sum(fc(h), -1), jnp.sum(jnp.where(mask, fc(h), 0.0), -1)
+
+
+_prune_jit = core.selection_jit(_prune_rows, static_argnames=("k",))
 
 
 def _ratio(s1, s2):

@@ -161,18 +161,18 @@ def bin_index(x, edges) -> jax.Array:
 
 # ----------------------------------------------------------------------------- contract
 
-def _selection_jit(fn: Callable) -> Callable:
-  """fn jitted with `compile_options.selection_step()`, built at its first call: the options
-  read the backend, and building a detector must not start it (the run layer sets XLA's flags
-  after the config's detectors are built; a backend started before keeps XLA's defaults for
-  the whole run)."""
+def selection_jit(fn: Callable, **jit_kwargs) -> Callable:
+  """fn jitted (with jax.jit's keyword arguments) under `compile_options.selection_step()`,
+  built at its first call: the options read the backend, and building a detector or importing
+  a module must not start it (the run layer sets XLA's flags after the config's detectors are
+  built; a backend started before keeps XLA's defaults for the whole run)."""
   jitted = None
 
-  def call(*args):
+  def call(*args, **kwargs):
     nonlocal jitted
     if jitted is None:
-      jitted = jax.jit(fn, compiler_options=compile_options.selection_step())
-    return jitted(*args)
+      jitted = jax.jit(fn, compiler_options=compile_options.selection_step(), **jit_kwargs)
+    return jitted(*args, **kwargs)
   return call
 
 
@@ -223,7 +223,7 @@ class Detector(abc.ABC):
       raise ValueError(f"{self.name}: hyper-parameters must be scalars (int, float, bool, str, "
                        f"None); got {self.hparams}.") from None
     if key not in Detector._jit_cache:
-      Detector._jit_cache[key] = (_selection_jit(self._score) if self.selection_program
+      Detector._jit_cache[key] = (selection_jit(self._score) if self.selection_program
                                   else jax.jit(self._score))
     self._score_jit = Detector._jit_cache[key]
 

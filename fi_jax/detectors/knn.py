@@ -28,7 +28,6 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fi_jax.common import compile_options
 from fi_jax.detectors import distance, selection, shared, stats
 from fi_jax.detectors.core import (
   HIGHEST,
@@ -42,6 +41,7 @@ from fi_jax.detectors.core import (
   l2_normalize,
   matmul,
   require,
+  selection_jit,
 )
 
 _AXIS = "bank"
@@ -86,15 +86,8 @@ def knn_order_stats(queries, bank, n_valid, *, ks: tuple[int, ...], query_block:
   with the first n_valid bank rows, and the sum of the k largest [N, m] (compute dtype; None
   without `sums`). Jitted with `compile_options.selection_step()` (a call inside another
   jitted function is traced into it)."""
-  return _search_program()(queries, bank, n_valid, ks=tuple(ks), query_block=query_block,
-                           bank_block=bank_block, mesh=mesh, sums=sums)
-
-
-@functools.cache
-def _search_program():
-  return jax.jit(_knn_order_stats,
-                 static_argnames=("ks", "query_block", "bank_block", "mesh", "sums"),
-                 compiler_options=compile_options.selection_step())
+  return _search(queries, bank, n_valid, ks=tuple(ks), query_block=query_block,
+                 bank_block=bank_block, mesh=mesh, sums=sums)
 
 
 def _knn_order_stats(queries, bank, n_valid, *, ks, query_block, bank_block, mesh, sums):
@@ -124,6 +117,10 @@ def _knn_order_stats(queries, bank, n_valid, *, ks, query_block, bank_block, mes
   kth, top_sum = run(qs, bank, n_valid)
   unpad = lambda x: None if x is None else x.reshape(nq * qb, -1)[:n]
   return unpad(kth), unpad(top_sum)
+
+
+_SEARCH_STATIC = ("ks", "query_block", "bank_block", "mesh", "sums")
+_search = selection_jit(_knn_order_stats, static_argnames=_SEARCH_STATIC)
 
 
 # ----------------------------------------------------------------------------- bank

@@ -155,7 +155,8 @@ def test_knn_search_is_compiled_without_the_tree_reduction_rewrite(monkeypatch):
   seen = []
   real_jit = knn.jax.jit
   monkeypatch.setattr(knn.jax, "jit", lambda f, **kw: seen.append(kw) or real_jit(f, **kw))
-  monkeypatch.setattr(knn, "_search_program", knn._search_program.__wrapped__)
+  monkeypatch.setattr(knn, "_search", knn.selection_jit(knn._knn_order_stats,
+                                                        static_argnames=knn._SEARCH_STATIC))
   rng = np.random.default_rng(3)
   bank = rng.normal(size=(256, 8)).astype(np.float32)
   q = rng.normal(size=(20, 8)).astype(np.float32)
