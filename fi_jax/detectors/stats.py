@@ -223,8 +223,39 @@ def _moments_chunk(features, logits, labels, shift, *, num_classes: int, group: 
     out["n_grp"] = jnp.sum(m)
     out["sum_grp"] = jnp.sum(h * m[:, None], 0)
   if scatter:
-    x = h - shift.astype(cd)
-    out["scatter"] = gram(x if m is None else x * m[:, None])    # m in {0, 1}: m = m^2
+    x = _scatter_rows(h, m, shift)
+    out["scatter"] = gram(x)
+  return out
+
+
+def _scatter_rows(h, m, shift):
+  """The rows whose x^T x is the chunk's scatter: (h - K) times the group mask (m in {0, 1}:
+  m = m^2), in the compute dtype."""
+  x = h - shift.astype(h.dtype)
+  return x if m is None else x * m[:, None]
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "group"))
+def _scatter_input(features, logits, labels, shift, *, num_classes: int, group: Optional[str]):
+  h = jnp.asarray(features).astype(cdtype())
+  m = None
+  if group is not None:
+    m = (group_ids(labels, logits, group, num_classes) >= 0).astype(h.dtype)
+  return _scatter_rows(h, m, shift)
+
+
+def _chunk_sums(features, logits, labels, shift, *, num_classes: int, group: Optional[str],
+                scatter: bool) -> dict:
+  """One chunk's sums (`_moments_chunk`). On the CPU backend the scatter matrix is numpy's
+  x.T @ x of the jitted rows (OpenBLAS's symmetric rank-k update: ~3x faster than XLA:CPU's
+  float64 products at D = 768, docs/performance.md); elsewhere it is part of the jitted chunk."""
+  on_host = scatter and jax.default_backend() == "cpu"
+  out = _moments_chunk(features, logits, labels, shift, num_classes=num_classes, group=group,
+                       scatter=scatter and not on_host)
+  if on_host:
+    x = np.asarray(_scatter_input(features, logits, labels, shift, num_classes=num_classes,
+                                  group=group))
+    out = dict(out, scatter=x.T @ x)
   return out
 
 
@@ -299,9 +330,9 @@ def _moments(train, num_classes, group, scatter, shift, on_chunk) -> dict[str, n
     if k is None:
       k = (np.asarray(shift, np.float64) if shift is not None
            else np.asarray(_column_means(chunk.features), np.float64))
-    total = add_sums(total, _moments_chunk(chunk.features, chunk.logits, chunk.labels,
-                                       jnp.asarray(k, cdtype()), num_classes=num_classes,
-                                       group=group, scatter=scatter))
+    total = add_sums(total, _chunk_sums(chunk.features, chunk.logits, chunk.labels,
+                                        jnp.asarray(k, cdtype()), num_classes=num_classes,
+                                        group=group, scatter=scatter))
     if on_chunk is not None:
       on_chunk(start, chunk)
   if total is None:

@@ -236,6 +236,28 @@ def test_line_weight_thresholds_equal_numpy_percentile(p):
   np.testing.assert_array_equal(got, want)
 
 
+def test_entry_percentiles_are_numpy_percentiles_computed_once_in_a_scope(monkeypatch):
+  """ReAct / VRA / LINe's clip percentiles: np.percentile's values, each percentile of one
+  entries array computed once inside detectors.shared() (missing ones together), every time
+  outside it."""
+  entries = np.random.default_rng(3).standard_normal(10_001).astype(np.float32)
+  asked = []
+  real = np.percentile
+  monkeypatch.setattr(np, "percentile", lambda a, q, **kw: (asked.append(list(q)), real(a, q, **kw))[1])
+  want = lambda qs: np.array([real(entries, q) for q in qs])
+  with detectors.shared():
+    np.testing.assert_array_equal(activation.entry_percentiles(entries, [10.0, 90.0]), want([10, 90]))
+    np.testing.assert_array_equal(activation.entry_percentiles(entries, 90), want([90]))
+    np.testing.assert_array_equal(activation.entry_percentiles(entries, [99, 10]), want([99, 10]))
+    other = entries.copy()                      # another array: its own percentiles
+    np.testing.assert_array_equal(activation.entry_percentiles(other, 90), want([90]))
+  assert asked == [[10.0, 90.0], [99.0], [90.0]]
+  asked.clear()
+  activation.entry_percentiles(entries, 90)
+  activation.entry_percentiles(entries, 90)
+  assert asked == [[90.0], [90.0]]
+
+
 def test_line_class_sorted_blocks_equal_one_call(data, monkeypatch):
   """Scoring rows sorted by predicted class in blocks of SCORE_BLOCK rows (the last one padded
   with rows of no class) gives the scores of one call on the whole set, in the input order."""

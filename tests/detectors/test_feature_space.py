@@ -489,3 +489,36 @@ def test_shared_scope_identical_and_shares_work(monkeypatch):
   assert calls["moments"] == 4
   assert states[("relation", "ninco")]["bank"] is states[("relation", "openood")]["bank"]
   assert states[("relation", "ninco")]["bank"].dtype == np.float64     # the cut-off in float64
+
+
+@pytest.mark.parametrize("group", [None, "label", "correct"])
+def test_scatter_on_the_host_equals_the_jitted_scatter(group, monkeypatch):
+  """On the CPU backend a chunk's scatter matrix is numpy's x.T @ x of the jitted masked rows
+  (stats._chunk_sums); it equals the jitted product (stats.gram, the other backends' path) and a
+  float64 numpy reference to rounding, and the other sums are the jitted chunk's."""
+  import jax
+  import jax.numpy as jnp
+
+  from fi_jax.detectors import stats
+  rng = np.random.default_rng(5)
+  h = (rng.standard_normal((300, 40)) + 2.0).astype(np.float32)
+  z = rng.standard_normal((300, 7)).astype(np.float32)
+  y = rng.integers(-1, 7, 300)
+  y[:20] = z[:20].argmax(1)                                       # some correct rows
+  shift = jnp.asarray(h[:50].mean(0), jnp.float64)
+  kw = dict(num_classes=7, group=group)
+  host = stats._chunk_sums(h, z, y, shift, scatter=True, **kw)
+  jitted = stats._moments_chunk(h, z, y, shift, scatter=True, **kw)
+  assert jax.default_backend() == "cpu" and isinstance(host["scatter"], np.ndarray)
+  m = np.ones(300, bool) if group is None else (
+      (y >= 0) if group == "label" else (y >= 0) & (y == z.argmax(1)))
+  x = (h.astype(np.float64) - np.asarray(shift))[m]
+  for got in (host["scatter"], np.asarray(jitted["scatter"])):
+    np.testing.assert_allclose(got, x.T @ x, rtol=1e-12, atol=1e-9)
+  for key in jitted:
+    if key != "scatter":
+      np.testing.assert_array_equal(np.asarray(host[key]), np.asarray(jitted[key]), err_msg=key)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")    # the jitted path elsewhere
+  np.testing.assert_array_equal(np.asarray(stats._chunk_sums(h, z, y, shift, scatter=True,
+                                                             **kw)["scatter"]),
+                                np.asarray(jitted["scatter"]))
