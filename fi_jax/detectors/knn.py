@@ -617,7 +617,7 @@ class CFOOD(Detector):
   values (docs/detectors.md#cfood)."""
   name, needs = "cfood", frozenset({"features"})
   fit_needs = frozenset({"features"})
-  defaults = {"alpha": 0.1, "k": 0.01, "seed": 0, "query_block": 128}
+  defaults = {"alpha": 0.1, "k": 0.01, "seed": 0, "query_block": 64}
   selection_program = True     # the search's counts: one reduction a pass (~20% faster)
   score_only = frozenset({"k", "query_block"})
 
@@ -648,25 +648,103 @@ class CFOOD(Detector):
             "count": jnp.asarray(cfood_count_threshold(n, float(self.hparams["k"])), jnp.int32)}
 
   def _score(self, state, features, logits):
-    knn_dist, kappas, need = state["knn_dist"], state["kappas"], state["count"]
-    nk = knn_dist.shape[0]
     qb = max(1, min(int(self.hparams["query_block"]), features.shape[0]))
-    nq = math.ceil(features.shape[0] / qb)
-    v = _unit_eps(features)
-    v = jnp.pad(v, ((0, nq * qb - v.shape[0]), (0, 0))).reshape(nq, qb, -1)
+    level = cfood_levels(_unit_eps(features), state["ref"], state["ref_sq"], state["knn_dist"],
+                         state["count"], query_block=qb)
+    kappas, nk = state["kappas"], state["knn_dist"].shape[0]
+    return -jnp.where(level < nk, kappas[jnp.minimum(level, nk - 1)], 1.0)
 
-    def one(q):
-      d = _sq_dists(q, state["ref"], state["ref_sq"])                   # [qb, n]
-      # smallest grid index j with #{i: rho_i(j) >= d_i} >= count (nk: none); the count is
-      # non-decreasing in j (each rho_i is), so a binary search over j
-      lo, hi = jnp.zeros(qb, jnp.int32), jnp.full(qb, nk, jnp.int32)
-      for _ in range(max(1, int(nk).bit_length())):
-        mid = (lo + hi) // 2
-        inside = jnp.sum(knn_dist[jnp.minimum(mid, nk - 1)] >= d, -1)
-        ok = (mid < nk) & (inside >= need)
-        lo, hi = jnp.where(ok | (lo >= hi), lo, mid + 1), jnp.where(ok, mid, hi)
-      return -jnp.where(lo < nk, kappas[jnp.minimum(lo, nk - 1)], 1.0)
-    return lax.map(one, v).reshape(-1)[:features.shape[0]]
+
+_CFOOD_FIX_CAPS = (1024, 16384)   # pairs recomputed in float64 by gathering, per query block
+
+
+def cfood_band(d: int) -> float:
+  """A rigorous bound on |d32 - d| + |rho32 - rho| + the rounding of d32 -/+ band, where d is
+  the squared distance |v - r|^2 = |v|^2 + |r|^2 - 2 v.r of two float64 rows of norm <= 1 as
+  computed in float64, d32 the same expression evaluated in float32 (any summation order) on the
+  rows rounded to float32, and rho32 a float64 rho <= 4 rounded to float32. With
+  gamma_n = n u / (1 - n u) (u = 2^-24): rounding the inputs moves each of the three terms by
+  <= (2u + u^2) (their magnitudes are <= 1), the three float32 reductions add <= gamma_{d+2} each
+  (the dot twice, by its factor 2), the two additions <= 4u each, the float64 evaluation of d
+  and the roundings of rho and d32 -/+ band <= 4u + 8u; 2^-10 of safety on top."""
+  gamma = lambda n: n * _U32 / (1 - n * _U32)
+  return (4 * gamma(d + 2) + 3 * (2 * _U32 + _U32 ** 2) + 24 * _U32) * (1 + 2.0 ** -10)
+
+
+@functools.partial(jax.jit, static_argnames=("query_block",))
+def cfood_levels(v, ref, ref_sq, rho, need, *, query_block: int):
+  """CFOOD's neighbourhood level of every query row v (unit rows, compute dtype): the smallest j
+  with #{i : rho[j, i] >= d_i} >= need (rho.shape[0] when there is none), d_i = |v - r_i|^2
+  (`_sq_dists`, compute dtype). The count is non-decreasing in j (each rho[:, i] is): a binary
+  search over j, in query blocks of `query_block` rows.
+
+  Under x64 the distances are float32 products of the rows rounded to float32 (~2x faster than
+  float64): `cfood_band` bounds the error of each decision rho >= d made on them, two searches
+  find the smallest j where the surely-inside count reaches need and the smallest where the
+  possibly-inside count does, and where they differ the pairs undecided between them are
+  recomputed in float64 (gathered, up to _CFOOD_FIX_CAPS[-1] pairs a block; past that the block
+  is recomputed densely) and searched again: every decision is the float64 one."""
+  cd = v.dtype
+  nk, n = rho.shape
+  qb = query_block
+  nq = math.ceil(v.shape[0] / qb)
+  vs = jnp.pad(v, ((0, nq * qb - v.shape[0]), (0, 0))).reshape(nq, qb, -1)
+  steps = max(1, int(nk).bit_length())
+
+  def search(lo, hi, count):
+    """Smallest j in [lo, hi] with count(j) >= need (hi if none below it), per row."""
+    for _ in range(steps):
+      active, mid = lo < hi, (lo + hi) // 2             # active: mid < hi <= nk
+      ok = count(jnp.minimum(mid, nk - 1)) >= need
+      lo, hi = jnp.where(active & ~ok, mid + 1, lo), jnp.where(active & ok, mid, hi)
+    return lo
+
+  def dense(q):
+    d = _sq_dists(q, ref, ref_sq)
+    return search(jnp.zeros(qb, jnp.int32), jnp.full(qb, nk, jnp.int32),
+                  lambda j: jnp.sum(rho[j] >= d, -1))
+
+  if cd != jnp.float64:
+    return lax.map(dense, vs).reshape(-1)[:v.shape[0]]
+
+  band = jnp.float32(cfood_band(v.shape[1]))
+  ref32, rho32 = ref.astype(jnp.float32), rho.astype(jnp.float32)
+  ref_sq32 = jnp.sum(ref32 * ref32, -1)
+
+  def fix(cap, q, d32, j_lo, j_hi, unsure):
+    idx = selection.kept_indices(unsure.reshape(1, -1), cap)[0]
+    live = idx < unsure.size
+    qi, col = jnp.minimum(idx // n, qb - 1), idx % n
+    d64 = (jnp.sum(q[qi] * q[qi], -1) + ref_sq[col]
+           - 2.0 * jnp.sum(q[qi] * ref[col], -1))
+    # inside at every j >= j_lo: surely inside at j_lo; the other pairs not undecided are
+    # outside at every j < j_hi
+    base = jnp.sum(rho32[jnp.minimum(j_lo, nk - 1)] >= d32 + band, -1)
+
+    def count(j):
+      inside = live & (rho[j[qi], col] >= d64)
+      return base + jax.ops.segment_sum(inside.astype(jnp.int32), qi, qb)
+    return search(j_lo, j_hi, count)
+
+  def one(q):
+    q32 = q.astype(jnp.float32)
+    d32 = (jnp.sum(q32 * q32, -1, keepdims=True) + ref_sq32[None, :]
+           - 2.0 * lax.dot_general(q32, ref32, (((1,), (1,)), ((), ())), precision=HIGHEST,
+                                   preferred_element_type=jnp.float32))
+    lo_edge, hi_edge = d32 - band, d32 + band
+    start, end = jnp.zeros(qb, jnp.int32), jnp.full(qb, nk, jnp.int32)
+    j_hi = search(start, end, lambda j: jnp.sum(rho32[j] >= hi_edge, -1))   # surely inside
+    j_lo = search(start, j_hi, lambda j: jnp.sum(rho32[j] >= lo_edge, -1))  # possibly inside
+    top = jnp.maximum(j_hi - 1, 0)
+    unsure = ((j_lo < j_hi)[:, None] & (rho32[top] >= lo_edge)
+              & ~(rho32[jnp.minimum(j_lo, nk - 1)] >= hi_edge))
+    total = jnp.sum(unsure, dtype=jnp.int32)
+    branch = jnp.sum(total > jnp.asarray((0,) + _CFOOD_FIX_CAPS))
+    return lax.switch(branch, [
+        lambda: j_lo,
+        *[functools.partial(fix, cap, q, d32, j_lo, j_hi, unsure) for cap in _CFOOD_FIX_CAPS],
+        lambda: dense(q)])
+  return lax.map(one, vs).reshape(-1)[:v.shape[0]]
 
 
 # ----------------------------------------------------------------------------- GROOD

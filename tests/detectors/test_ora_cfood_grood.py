@@ -67,6 +67,40 @@ def test_cfood_accelerator_sort_equals_host_sort(monkeypatch):
   np.testing.assert_array_equal(np.asarray(device["knn_dist"]), np.asarray(host["knn_dist"]))
 
 
+def _levels_reference(d, rho, need):
+  """The smallest j with #{i: rho[j, i] >= d[q, i]} >= need per query row q (nk if none)."""
+  counts = (rho[None, :, :] >= d[:, None, :]).sum(-1)                  # [Q, nk]
+  ok = counts >= need
+  return np.where(ok.any(1), ok.argmax(1), rho.shape[0])
+
+
+@pytest.mark.parametrize("caps", [None, (1, 2)], ids=["gathered", "dense-fallback"])
+def test_cfood_float32_screen_makes_the_float64_decisions(caps, monkeypatch):
+  """cfood_levels under x64 decides on float32 distances within `cfood_band` and recomputes the
+  undecided pairs in float64: its levels are the float64 ones on a bank built so that many
+  pairs sit 1e-9 from a rho (inside the band, far above float64's rounding), whether those
+  pairs are gathered or (over the caps) their blocks recomputed densely."""
+  import jax.numpy as jnp
+  if caps is not None:
+    monkeypatch.setattr(knn_lib, "_CFOOD_FIX_CAPS", caps)
+  rng = np.random.default_rng(11)
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  ref, v = unit(rng.standard_normal((300, 32))), unit(rng.standard_normal((96, 32)))
+  d = (v * v).sum(1)[:, None] + (ref * ref).sum(1)[None, :] - 2.0 * v @ ref.T
+  # rho[j, i]: the (3 j + 10)-th smallest distance of column i over the queries, +/- 1e-9
+  rho = np.sort(d, axis=0)[3 * np.arange(20) + 10] + rng.choice([-1e-9, 1e-9], (20, 300))
+  rho = np.maximum.accumulate(rho, axis=0)
+  need = 40
+  want = _levels_reference(d, rho, need)
+  band = knn_lib.cfood_band(32)
+  undecided = (np.abs(rho[None] - d[:, None]) < band).any(1)          # [Q, n]
+  assert undecided.sum() > 2 and 0 < len(np.unique(want)) < 20
+  got = knn_lib.cfood_levels(jnp.asarray(v), jnp.asarray(ref), jnp.asarray((ref * ref).sum(1)),
+                             jnp.asarray(rho), jnp.asarray(need, jnp.int32),
+                             query_block=32 if caps is None else 48)
+  np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_cfood_count_threshold_is_the_official_float32_test():
   """The official `count.float() / float(n) >= k` in torch float32, for every count."""
   for n, k in ((7, 0.01), (600, 0.01), (1000, 0.3), (12345, 0.001), (30, 1.0)):
