@@ -588,5 +588,7 @@ class ORA(Detector):
     dot = uu - t * udw                                              # u . (u - t dw)
     vv = jnp.maximum(uu - 2.0 * t * udw + t * t * dw2, 0.0)         # |u - t dw|^2
     den = jnp.maximum(jnp.sqrt(uu), 1e-12) * jnp.maximum(jnp.sqrt(vv), 1e-12)
-    theta = jnp.arccos(jnp.clip(dot / den, -1.0, 1.0)) / jnp.pi
-    return jnp.max(jnp.where(ok, theta, 0.0), -1)
+    # max_c arccos(cos_c) = arccos(min_c cos_c) (arccos decreases): one arccos per row, not
+    # one per class; the angles are >= 0, so the undefined ones' 0 wins only where all are
+    cos = jnp.min(jnp.where(ok, jnp.clip(dot / den, -1.0, 1.0), 1.0), -1)
+    return jnp.where(jnp.any(ok, -1), jnp.arccos(cos) / jnp.pi, 0.0)

@@ -617,7 +617,7 @@ class CFOOD(Detector):
   values (docs/detectors.md#cfood)."""
   name, needs = "cfood", frozenset({"features"})
   fit_needs = frozenset({"features"})
-  defaults = {"alpha": 0.1, "k": 0.01, "seed": 0, "query_block": 64}
+  defaults = {"alpha": 0.1, "k": 0.01, "seed": 0, "query_block": 128}
   selection_program = True     # the search's counts: one reduction a pass (~20% faster)
   score_only = frozenset({"k", "query_block"})
 

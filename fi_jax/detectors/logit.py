@@ -224,8 +224,13 @@ class KLMatching(Detector):
     p = jnp.exp(logp)
     neg_ent = jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
     kl = neg_ent[:, None] - matmul(p, state["log_templates"].T)
-    # +inf where some p_i > 0 meets d_ki = 0: a count of such i, exact in float32 (0/1 entries,
-    # sums < 2^24) and ~2x cheaper than a float64 matmul
-    hits = lambda: matmul((p > 0).astype(jnp.float32), state["zero"].T.astype(jnp.float32))
-    kl = jax.lax.cond(state["any_zero"], lambda: jnp.where(hits() > 0, jnp.inf, kl), lambda: kl)
+    # +inf where some p_i > 0 meets d_ki = 0. Where every p_i > 0 (a softmax underflows to 0
+    # only past a logit gap of ~745) that is every class with a zero entry; otherwise a count
+    # of such i, exact in float32 (0/1 entries, sums < 2^24) and ~2x cheaper than float64
+    zero = state["zero"]
+    hits = lambda: matmul((p > 0).astype(jnp.float32), zero.T.astype(jnp.float32)) > 0
+    blocked = lambda: jax.lax.cond(
+        jnp.all(p > 0), lambda: jnp.broadcast_to(jnp.any(zero > 0, axis=1)[None, :], kl.shape),
+        hits)
+    kl = jax.lax.cond(state["any_zero"], lambda: jnp.where(blocked(), jnp.inf, kl), lambda: kl)
     return -jnp.min(kl, axis=-1)

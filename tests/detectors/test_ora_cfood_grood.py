@@ -37,6 +37,20 @@ def test_ora_equals_reference(data):
   assert_scores(fit_score("ora", fit, test, head), ref_ora(fit, test, head), rtol=RTOL)
 
 
+def test_ora_undefined_angles_count_as_zero(data):
+  """Classes whose weights equal the predicted class's (0/0 angles) count as 0, as the official
+  NaN -> 0: with some columns tied the scores are the reference's, with all of them tied 0."""
+  fit, test, head = data
+  w = np.array(head.w, copy=True)
+  w[:, 1:4] = w[:, :1]                                        # classes 0-3 share a weight
+  tied = detectors.Outputs(test.features, np.asarray(test.features) @ w + np.asarray(head.b))
+  part = type(head)(w, head.b)
+  assert_scores(fit_score("ora", fit, tied, part), ref_ora(fit, tied, part), rtol=RTOL)
+  same = type(head)(np.repeat(w[:, :1], w.shape[1], axis=1), head.b)
+  flat = detectors.Outputs(test.features, np.asarray(test.features) @ same.w + np.asarray(head.b))
+  np.testing.assert_array_equal(np.asarray(fit_score("ora", fit, flat, same)), 0.0)
+
+
 def test_cfood_equals_reference(data):
   """alpha = 0.5: the reference takes the same seeded rows (a hash of the row index)."""
   fit, test, head = data

@@ -113,24 +113,43 @@ def test_gen(nonneg):
     assert_scores(fit_score("gen", fit, test, head, gamma=gamma, top_m=m), ref)
 
 
+def ref_klm(fit, test, variant):
+  pf, pt = softmax(f64(fit.logits)), softmax(f64(test.logits))
+  pred = pf.argmax(1)
+  templates = [pf[pred == k].mean(0) if (pred == k).any() else np.eye(C)[k] for k in range(C)]
+  ref = []
+  with np.errstate(divide="ignore", invalid="ignore"):
+    for p in pt:
+      if variant == "openood":
+        kls = [scipy.stats.entropy(p, q) for q in templates]
+      else:
+        kls = [np.sum(np.where(p != 0, p * np.log(p / q), 0.0)) if (q[p != 0] > 0).all()
+               else np.inf for q in templates]
+      ref.append(-min(kls))
+  return np.array(ref)
+
+
 @pytest.mark.parametrize("variant", ["ninco", "openood"])
 def test_klm(nonneg, variant):
   fit, test, head = nonneg
-  pf, pt = softmax(f64(fit.logits)), softmax(f64(test.logits))
-  pred = pf.argmax(1)
-  assert EMPTY not in pred
-  templates = [pf[pred == k].mean(0) if (pred == k).any() else np.eye(C)[k] for k in range(C)]
-  ref = []
-  np.seterr(divide="ignore", invalid="ignore")
-  for p in pt:
-    if variant == "openood":
-      kls = [scipy.stats.entropy(p, q) for q in templates]
-    else:
-      kls = [np.sum(np.where(p != 0, p * np.log(p / q), 0.0)) if (q[p != 0] > 0).all() else np.inf
-             for q in templates]
-    ref.append(-min(kls))
-  got = fit_score("klm", fit, test, head, variant=variant)
-  assert_scores(got, ref)
+  assert EMPTY not in softmax(f64(fit.logits)).argmax(1)
+  assert_scores(fit_score("klm", fit, test, head, variant=variant), ref_klm(fit, test, variant))
+
+
+@pytest.mark.parametrize("variant", ["ninco", "openood"])
+def test_klm_underflowed_softmax_meets_the_one_hot_template(nonneg, variant):
+  """A row whose softmax underflows to exactly one-hot at the never-predicted class has KL 0 to
+  that class's one-hot template (the score's maximum, 0), and rows with some p_i = 0 elsewhere
+  keep the +inf of every template with a zero where they are positive."""
+  fit, test, head = nonneg
+  z = np.array(test.logits, np.float32, copy=True)
+  z[0] = 0.0
+  z[0, EMPTY] = 1000.0                                  # p = e_EMPTY exactly
+  z[1, :C // 2] = -1000.0                               # half of p underflows to 0
+  odd = detectors.Outputs(test.features, z)
+  got = np.asarray(fit_score("klm", fit, odd, head, variant=variant))
+  assert got[0] == 0.0
+  assert_scores(got, ref_klm(fit, odd, variant))
 
 
 def test_klm_never_predicted_template_is_one_hot(nonneg):
