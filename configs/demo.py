@@ -38,8 +38,12 @@ def get_config(arg=None):
   c.ood = ml_collections.ConfigDict({
       "digits_6-9": dict(source="digits", split="test", classes=OOD_DIGITS,
                          id_classes=ID_DIGITS)})
-  # Every detector fi_jax has (ODIN included); quick keeps the logit ones for fast tests.
-  c.detectors = tuple(common.LOGIT_DETECTORS) if arg.quick else tuple(detector_names.NAMES)
+  # Every detector fi_jax has that applies to this one-tower ViT (ODIN and the layer ones
+  # included; the zero-shot NegLabel, CSP and GL-MCM need a two-tower model: configs/clip_demo.py);
+  # quick keeps the logit ones for fast tests.
+  c.detectors = tuple(common.LOGIT_DETECTORS) if arg.quick else tuple(
+      n for n in detector_names.NAMES
+      if n not in detector_names.TWO_TOWER or c.model_name in detector_names.TWO_TOWER[n])
   # The demo's fit set has ~760 images: neighbour counts sized for it (the ImageNet presets use
   # k=1000 / k=50 on 1.28M images); NNGuide keeps the whole fit set as its bank.
   # NECO's 100 principal directions are 13% of a ViT-B's 768 features: 8 of the demo's 64.

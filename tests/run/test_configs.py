@@ -23,13 +23,15 @@ def test_config_is_complete(name):
 
 
 def test_zero_shot_detectors_only_for_two_tower_configs():
-  from configs import clip, clip_demo, siglip2, vit
+  from configs import clip, clip_demo, demo, siglip2, vit
   zero_shot = {"neglabel", "csp", "glmcm"}
   assert {"neglabel", "csp"} <= set(clip.get_config().detectors) - {"glmcm"}
   assert zero_shot <= set(clip.get_config("layer_detectors").detectors)
   assert {"neglabel", "csp"} <= set(siglip2.get_config().detectors)
   assert "glmcm" not in siglip2.get_config("layer_detectors").detectors
   assert not zero_shot & set(vit.get_config("layer_detectors").detectors)
+  # the demo: every detector that applies to its one-tower ViT
+  assert set(demo.get_config().detectors) == set(detectors.names()) - zero_shot
   assert zero_shot <= set(clip_demo.get_config().detectors)
   from configs import pe_core
   assert zero_shot <= set(pe_core.get_config("layer_detectors").detectors)
