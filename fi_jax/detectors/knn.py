@@ -655,7 +655,7 @@ class CFOOD(Detector):
     return -jnp.where(level < nk, kappas[jnp.minimum(level, nk - 1)], 1.0)
 
 
-_CFOOD_FIX_CAPS = (1024, 16384)   # pairs recomputed in float64 by gathering, per query block
+_CFOOD_FIX_CAPS = (512, 2048, 8192, 32768)   # pairs recomputed in float64 by gathering, per query block
 
 
 def cfood_band(d: int) -> float:
