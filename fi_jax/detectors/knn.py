@@ -296,6 +296,19 @@ _U32 = 2.0 ** -24            # float32 unit roundoff
 _FIX_CAPS = (512, 8192)      # pairs recomputed in float64 by gathering, per block pair
 
 
+def _gamma32(n: int) -> float:
+  """gamma_n = n u / (1 - n u), u = 2^-24: the classic bound on the relative error of n float32
+  operations in sequence (a dot product of length n - 1 in any summation order)."""
+  return n * _U32 / (1 - n * _U32)
+
+
+def _by_pair_count(count, caps: tuple[int, ...], none, gathered, dense):
+  """none() when count is 0, gathered(cap) for the smallest cap >= count, dense() past the
+  last: the float64 re-check of a block's undecided pairs (Relation, CFOOD)."""
+  branch = jnp.sum(count > jnp.asarray((0,) + caps))
+  return lax.switch(branch, [none, *[functools.partial(gathered, cap) for cap in caps], dense])
+
+
 def relation_band(d: int, c: int) -> tuple[float, float]:
   """(k1, k2): a rigorous bound |r - r32| <= k1 pp32 + k2 r32 on the error of r32 =
   fl32(max(s32, 0) pp32), s32 and pp32 the float32 dot products (any summation order) of the
@@ -306,9 +319,8 @@ def relation_band(d: int, c: int) -> tuple[float, float]:
   |pp32 - pp| <= gamma_{c+2} pp, pp <= pp32 / (1 - gamma_{c+2}); so |r - a' b'| <= |s - s32| pp
   + a' |pp - pp32| (a' = max(s32, 0)) and the product adds u r32. Both factors carry 2^-10 of
   safety for evaluating the band in float32."""
-  gamma = lambda n: n * _U32 / (1 - n * _U32)
-  gc = gamma(c + 2)
-  k1 = gamma(d + 2) * (1 + 4 * _U32) / (1 - gc)
+  gc = _gamma32(c + 2)
+  k1 = _gamma32(d + 2) * (1 + 4 * _U32) / (1 - gc)
   k2 = (gc / (1 - gc) + _U32) / (1 - _U32)
   return k1 * (1 + 2.0 ** -10), k2 * (1 + 2.0 ** -10)
 
@@ -385,11 +397,9 @@ def relation_sums(feats, probs, bank, prob_bank, n_valid, thres, *,
       unsure = ok[None, :] & ~(r > t32 + w) & ~(r < t32 - w)    # NaN too
       part = jnp.sum(jnp.where(sure, (a.astype(cd) * pp.astype(cd)) ** power, 0.0), -1)
       count = jnp.sum(unsure, dtype=jnp.int32)
-      branch = jnp.sum(count > jnp.asarray((0,) + _FIX_CAPS))
-      return acc + lax.switch(branch, [
-          lambda: part,
-          *[functools.partial(fix64, cap, f, p, start, unsure, part) for cap in _FIX_CAPS],
-          lambda: dense64(f, p, start, ok)])
+      return acc + _by_pair_count(
+          count, _FIX_CAPS, lambda: part,
+          lambda cap: fix64(cap, f, p, start, unsure, part), lambda: dense64(f, p, start, ok))
     return lax.fori_loop(0, nblocks, block, jnp.zeros((f.shape[0],), cd))
 
   f, p = feats.astype(cd), probs.astype(cd)
@@ -667,8 +677,7 @@ def cfood_band(d: int) -> float:
   <= (2u + u^2) (their magnitudes are <= 1), the three float32 reductions add <= gamma_{d+2} each
   (the dot twice, by its factor 2), the two additions <= 4u each, the float64 evaluation of d
   and the roundings of rho and d32 -/+ band <= 4u + 8u; 2^-10 of safety on top."""
-  gamma = lambda n: n * _U32 / (1 - n * _U32)
-  return (4 * gamma(d + 2) + 3 * (2 * _U32 + _U32 ** 2) + 24 * _U32) * (1 + 2.0 ** -10)
+  return (4 * _gamma32(d + 2) + 3 * (2 * _U32 + _U32 ** 2) + 24 * _U32) * (1 + 2.0 ** -10)
 
 
 @functools.partial(jax.jit, static_argnames=("query_block",))
@@ -739,11 +748,8 @@ def cfood_levels(v, ref, ref_sq, rho, need, *, query_block: int):
     unsure = ((j_lo < j_hi)[:, None] & (rho32[top] >= lo_edge)
               & ~(rho32[jnp.minimum(j_lo, nk - 1)] >= hi_edge))
     total = jnp.sum(unsure, dtype=jnp.int32)
-    branch = jnp.sum(total > jnp.asarray((0,) + _CFOOD_FIX_CAPS))
-    return lax.switch(branch, [
-        lambda: j_lo,
-        *[functools.partial(fix, cap, q, d32, j_lo, j_hi, unsure) for cap in _CFOOD_FIX_CAPS],
-        lambda: dense(q)])
+    return _by_pair_count(total, _CFOOD_FIX_CAPS, lambda: j_lo,
+                          lambda cap: fix(cap, q, d32, j_lo, j_hi, unsure), lambda: dense(q))
   return lax.map(one, vs).reshape(-1)[:v.shape[0]]
 
 
