@@ -207,9 +207,11 @@ def group_ids(labels, logits, group: str, num_classes: int):
   return jnp.where((y >= 0) & (y < num_classes), y, -1)
 
 
-@functools.partial(jax.jit, static_argnames=("num_classes", "group", "scatter"))
+@functools.partial(jax.jit, static_argnames=("num_classes", "group", "scatter", "scatter_rows"))
 def _moments_chunk(features, logits, labels, shift, *, num_classes: int, group: Optional[str],
-                   scatter: bool) -> dict:
+                   scatter: bool, scatter_rows: bool = False) -> dict:
+  """One chunk's sums; with `scatter_rows` its 'scatter' entry holds the rows x whose x^T x is
+  the scatter matrix ((h - K) times the group mask, m in {0, 1}: m = m^2) instead of x^T x."""
   cd = cdtype()
   h = jnp.asarray(features).astype(cd)
   out = {"n": jnp.asarray(h.shape[0], cd), "sum": jnp.sum(h, 0)}
@@ -223,25 +225,10 @@ def _moments_chunk(features, logits, labels, shift, *, num_classes: int, group: 
     out["n_grp"] = jnp.sum(m)
     out["sum_grp"] = jnp.sum(h * m[:, None], 0)
   if scatter:
-    x = _scatter_rows(h, m, shift)
-    out["scatter"] = gram(x)
+    x = h - shift.astype(cd)
+    x = x if m is None else x * m[:, None]
+    out["scatter"] = x if scatter_rows else gram(x)
   return out
-
-
-def _scatter_rows(h, m, shift):
-  """The rows whose x^T x is the chunk's scatter: (h - K) times the group mask (m in {0, 1}:
-  m = m^2), in the compute dtype."""
-  x = h - shift.astype(h.dtype)
-  return x if m is None else x * m[:, None]
-
-
-@functools.partial(jax.jit, static_argnames=("num_classes", "group"))
-def _scatter_input(features, logits, labels, shift, *, num_classes: int, group: Optional[str]):
-  h = jnp.asarray(features).astype(cdtype())
-  m = None
-  if group is not None:
-    m = (group_ids(labels, logits, group, num_classes) >= 0).astype(h.dtype)
-  return _scatter_rows(h, m, shift)
 
 
 def _chunk_sums(features, logits, labels, shift, *, num_classes: int, group: Optional[str],
@@ -251,10 +238,9 @@ def _chunk_sums(features, logits, labels, shift, *, num_classes: int, group: Opt
   float64 products at D = 768, docs/performance.md); elsewhere it is part of the jitted chunk."""
   on_host = scatter and jax.default_backend() == "cpu"
   out = _moments_chunk(features, logits, labels, shift, num_classes=num_classes, group=group,
-                       scatter=scatter and not on_host)
+                       scatter=scatter, scatter_rows=on_host)
   if on_host:
-    x = np.asarray(_scatter_input(features, logits, labels, shift, num_classes=num_classes,
-                                  group=group))
+    x = np.asarray(out["scatter"])
     out = dict(out, scatter=x.T @ x)
   return out
 
