@@ -14,6 +14,15 @@ similarities of the two compiled searches must be equal (the options change no v
 equal faiss's within float32 rounding. OPENBLAS_CORETYPE is unset before numpy loads OpenBLAS
 (`--coretype NAME` sets it: faiss-cpu's OpenBLAS falls back to its slow Prescott kernel on a CPU
 it does not recognise); the BLAS kernels in use are printed.
+
+    python bench/knn_search.py --stages --queries 2048 --repeats 5 --coretype SkylakeX
+
+`--stages` adds the search cut after each of its stages, compiled the same way and timed in the
+same alternation: the products alone (only each row's maximum order key kept), + the group maxima the
+selection searches, + the threshold search, compaction and gather (`top_groups`); the whole
+search is the first line. numpy's `queries @ bank.T` (OpenBLAS) in the same query blocks is
+the host's product for comparison. The differences between consecutive lines are what each
+stage adds.
 """
 from __future__ import annotations
 
@@ -31,10 +40,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import threadpoolctl  # noqa: E402
+from jax import lax  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from fi_jax.common import compile_options  # noqa: E402
-from fi_jax.detectors import knn  # noqa: E402
+from fi_jax.detectors import knn, selection  # noqa: E402
+from fi_jax.detectors.core import HIGHEST  # noqa: E402
 
 
 def main():
@@ -45,6 +56,8 @@ def main():
   ap.add_argument("--ks", default="50,1000")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--coretype", default=None, help="set OPENBLAS_CORETYPE (e.g. SkylakeX)")
+  ap.add_argument("--stages", action="store_true",
+                  help="also time the search cut after each stage, and numpy's products")
   args = ap.parse_args()
   ks = tuple(sorted(int(k) for k in args.ks.split(",")))
   blas = sorted({f"{os.path.basename(i['filepath']).split('-')[0]}: {i.get('architecture')}"
@@ -69,6 +82,8 @@ def main():
 
   runs = {name: (lambda c=c: np.asarray(c(q, placed["bank"], placed["n"])[0]))
           for name, c in programs.items()}
+  if args.stages:
+    runs.update(_stage_runs(q, placed, ks, hp, queries, bank))
   for k in ks:
     runs[f"faiss IndexFlatIP k={k}"] = lambda k=k: index.search(queries, k)[0][:, k - 1]
   first = {name: fn() for name, fn in runs.items()}       # compilation, warm-up
@@ -88,6 +103,41 @@ def main():
         f"{'':28s} {'best s':>8s} {'median s':>9s} {'/ faiss k=' + str(ks[-1]):>14s}")
   for name, ts in times.items():
     print(f"{name:28s} {min(ts):8.2f} {np.median(ts):9.2f} {np.median(ts) / ref:14.2f}")
+
+
+def _stage_runs(q, placed, ks, hp, queries, bank) -> dict:
+  """{name: run} for the search cut after each stage (query blocks and compiler options as the
+  search) and for numpy's products in the same query blocks."""
+  k, qb, bank_block = max(ks), hp["query_block"], hp["bank_block"]
+  bank_j, n = placed["bank"], placed["n"]
+  g = selection.group_size(bank_j.shape[0], k)     # one bank block: the search's group size
+  assert bank_j.shape[0] <= bank_block, "--stages times a bank of one block"
+
+  def blocks(qs):
+    return jnp.pad(qs, ((0, (-qs.shape[0]) % qb), (0, 0))).reshape(-1, qb, qs.shape[1])
+
+  def products(qq):
+    return lax.dot_general(qq, bank_j, (((1,), (1,)), ((), ())), precision=HIGHEST,
+                           preferred_element_type=jnp.float32)
+
+  cuts = {
+      # a row maximum of the order keys: XLA's float max (NaN-aware) costs more than the products
+      "stage: products": lambda qq: jnp.max(selection._keys32(products(qq)), axis=1),
+      "stage: + group maxima": lambda qq: jnp.max(
+          selection._keys32(products(qq).reshape(qb, -1, g)), axis=2),
+      "stage: + top_groups": lambda qq: knn._local_candidates(qq, bank_j, n, 0, k, bank_block),
+  }
+  runs = {}
+  for name, cut in cuts.items():
+    c = jax.jit(lambda qs, cut=cut: lax.map(cut, blocks(qs))).lower(q).compile(
+        compile_options.selection_step())
+    runs[name] = lambda c=c: jax.block_until_ready(c(q))
+
+  def host_products():
+    for start in range(0, len(queries), qb):
+      queries[start:start + qb] @ bank.T
+  runs["numpy products (OpenBLAS)"] = host_products
+  return runs
 
 
 if __name__ == "__main__":
