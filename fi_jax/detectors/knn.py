@@ -69,8 +69,7 @@ def _local_candidates(q, bank, n_valid, offset, k: int, bank_block: int):
                         preferred_element_type=jnp.float32)
     rows = start + jnp.arange(nb)
     ok = (rows >= i * nb) & (offset + rows < n_valid)
-    s = jnp.where(ok[None, :], s, -jnp.inf)
-    return selection.top_groups(s.reshape(q.shape[0], nb // g, g), k)
+    return selection.top_groups(s.reshape(q.shape[0], nb // g, g), k, ok.reshape(nb // g, g))
 
   if nblocks == 1:
     return block(0)

@@ -99,7 +99,9 @@ def _threshold(keys, k: int, slack: int = 0, lower=None):
   quantile of the entries >= lower, then Illinois false position (invariant #(>= lo) >= k >
   #(>= hi); an end kept twice in a row has its weight halved). ~3-10 passes on smooth data
   where a bitwise binary search takes 32; after 24 steps it bisects, so it always ends."""
-  hi = jnp.max(keys, axis=1)
+  # max as ~min(~keys): where keys are themselves maxima (top_groups), XLA would merge a max of
+  # them into one reduction over the groups' entries, which then must be written out
+  hi = ~jnp.min(~keys, axis=1)
   if lower is None:
     lo, c_lo = jnp.min(keys, axis=1), jnp.full(hi.shape, keys.shape[1], jnp.int32)
   else:
@@ -163,13 +165,12 @@ def kept_indices(keep: jax.Array, slots: int) -> jax.Array:
   word = jnp.take_along_axis(words, w, axis=1)
   rank = want - (jnp.take_along_axis(ends, w, axis=1)
                  - lax.population_count(word).astype(jnp.int32))   # 1-based within the word
-  pos = jnp.zeros_like(rank)
-  for width in (16, 8, 4, 2, 1):
-    low = lax.population_count((word >> pos.astype(jnp.uint32))
-                               & jnp.uint32((1 << width) - 1)).astype(jnp.int32)
-    skip = rank > low
-    rank = jnp.where(skip, rank - low, rank)
-    pos = jnp.where(skip, pos + width, pos)
+  # the bit: the number of prefixes word & (2**(j+1) - 1), j < 32, holding < rank set bits. A
+  # reduction, so XLA computes it once per slot (elementwise steps would be recomputed for each
+  # gathered entry inside top_groups' gather)
+  prefixes = jnp.uint32(0xFFFFFFFF) >> jnp.arange(31, -1, -1, dtype=jnp.uint32)
+  low = lax.population_count(word[..., None] & prefixes).astype(jnp.int32)
+  pos = jnp.sum(low < rank[..., None], axis=-1, dtype=jnp.int32)
   return jnp.where(valid, w * 32 + pos, n)
 
 
@@ -196,23 +197,26 @@ def _first_k(above, at, k: int):
   return above | (at & (jnp.cumsum(at, axis=1, dtype=jnp.int32) <= room))
 
 
-def _top_groups_rows(vals, k: int):
+def _top_groups_rows(vals, k: int, valid=None):
   """top_groups on one block of rows."""
   b, n_groups, _ = vals.shape
   n_slots = slots(k)
+  masked = vals if valid is None else jnp.where(valid, vals, -jnp.inf)
   if n_groups <= n_slots:
-    return vals, None
-  # keys: a total order, NaN included; the barrier keeps XLA from recomputing the maxima
-  # from vals in every pass of the search
-  gmax = lax.optimization_barrier(jnp.max(_keys32(vals), axis=-1))
+    return masked, None
+  # keys: a total order, NaN included. The mask is applied as vals are read (for the maxima,
+  # then for the gathered groups): no masked copy of vals is written.
+  gmax = jnp.max(_keys32(masked), axis=-1)
   t, c = _threshold(gmax, k, n_slots - k)
 
   def tie_order():                         # t is the k-th largest maximum where c > slots
     return _first_k(gmax > t[:, None], gmax == t[:, None], k)
   keep = lax.cond(jnp.any(c > n_slots), tie_order, lambda: gmax >= t[:, None])
-  idx = kept_indices(keep, n_slots)
-  groups = jnp.take_along_axis(vals, idx[:, :, None], axis=1, mode="fill",
-                               fill_value=-jnp.inf)
+  idx = kept_indices(keep, n_slots)[:, :, None]
+  groups = jnp.take_along_axis(vals, idx, axis=1, mode="fill", fill_value=-jnp.inf)
+  if valid is not None:
+    groups = jnp.where(jnp.take_along_axis(valid[None], idx, axis=1, mode="fill",
+                                           fill_value=False), groups, -jnp.inf)
   return groups, t
 
 
@@ -244,13 +248,15 @@ def _by_rows(fn, *arrays):
   return jax.tree.map(lambda y: y.reshape(b, *y.shape[2:]), out)
 
 
-def top_groups(vals: jax.Array, k: int) -> tuple[jax.Array, Optional[jax.Array]]:
+def top_groups(vals: jax.Array, k: int,
+               valid: Optional[jax.Array] = None) -> tuple[jax.Array, Optional[jax.Array]]:
   """(groups, lower): the groups of float32 vals [B, G, g] whose maxima reach a threshold
   that >= k and <= slots(k) of them reach, [B, slots(k), g] in index order (-inf filled);
   they hold the k largest entries of each row (module doc). Where ties at the k-th largest
   maximum exceed the slots, exactly k are kept in index order. lower [B]: that threshold key
-  (>= k kept entries are >= it); all groups and None if G <= slots(k)."""
-  return _by_rows(lambda v: _top_groups_rows(v, k), vals)
+  (>= k kept entries are >= it); all groups and None if G <= slots(k). valid [G, g] bool
+  (optional, the same for every row): entries where it is False count as -inf."""
+  return _by_rows(lambda v: _top_groups_rows(v, k, valid), vals)
 
 
 def order_stats(cand: jax.Array, ks: tuple[int, ...], lower: Optional[jax.Array] = None,
