@@ -15,8 +15,10 @@ TempScale, ReAct, WeiPer+KLD (...) keep their defaults (at most max_rows = 50,00
 rows); their references use the same rows (WeiPer / WeiPer+KLD in their `precision`: float32
 perturbed logits, MSPs and bin edges as the official code, then float64 KL sums).
 
-Part 1a times the suite as the pipeline runs it (inside `detectors.shared()`: work repeated on
-the same arrays is done once, e.g. one KNN search serves k=1000 and k=50), without the
+Part 1a times the suite as the pipeline runs it (on JAX arrays, copied to the device once a
+run and timed, as `fi_jax.pipeline.outputs_of` hands every set to the detectors; inside
+`detectors.shared()`: work repeated on the same arrays is done once, e.g. one KNN search serves
+k=1000 and k=50), without the
 pairwise-kernel detectors (Relation, WeiPer+KLD, WeiPer: a test x fit-bank or test x r C
 kernel), against one faiss-cpu exact search on the bank (target (a): <= 2.5x; `--warm` adds a
 second, compiled run). Part 1b times each pairwise-kernel detector alone (fit + score, cold and
@@ -648,6 +650,13 @@ def main():
     run_bench(args, ap, t0, fit, test, head, n_fit, n_test)
 
 
+def on_device(out):
+  """out's arrays as JAX arrays, as the pipeline hands every set to the detectors
+  (`fi_jax.pipeline.outputs_of`): one host-to-device copy a run, not one per detector."""
+  arr = lambda x: None if x is None else jnp.asarray(x)
+  return detectors.Outputs(arr(out.features), arr(out.logits), arr(out.labels))
+
+
 def run_bench(args, ap, t0, fit, test, head, n_fit, n_test):
   if args.zero_shot:
     zero_shot_bench(args, t0)
@@ -677,11 +686,12 @@ def run_bench(args, ap, t0, fit, test, head, n_fit, n_test):
           f"detectors.shared() (fit + score, {label})\n{'detector':16s} {'preset':8s} "
           f"{'fit s':>8s} {'score s':>8s}")
     t = time.perf_counter()
+    fit_d, test_d = on_device(fit), on_device(test)     # timed: once a run, as the pipeline
     with detectors.shared([dets[r] for r in suite_runs]):
       for name, preset in suite_runs:
         det = dets[(name, preset)]
-        state, t_fit = timed(lambda: det.fit(fit, head))
-        suite_scores[(name, preset)], t_score = timed(lambda: det.score(state, test))
+        state, t_fit = timed(lambda: det.fit(fit_d, head))
+        suite_scores[(name, preset)], t_score = timed(lambda: det.score(state, test_d))
         print(f"{name:16s} {preset:8s} {t_fit:8.2f} {t_score:8.2f}", flush=True)
     return time.perf_counter() - t
   t_suite = run_suite("compilation included")
@@ -707,6 +717,7 @@ def run_bench(args, ap, t0, fit, test, head, n_fit, n_test):
         f"{'detector':12s} {'preset(s)':14s} {'precision':9s} {'fit s':>7s} {'score s':>8s} "
         f"{'cold s':>7s} {'compiled':>8s} {'floor s':>8s} {'cold/fl':>7s} {'comp/fl':>7s}  floor")
   done = {}
+  fit_d, test_d = on_device(fit), on_device(test)       # the detectors' inputs (parts 1b, 2)
   for name, preset in pair_runs:
     det = dets[(name, preset)]
     key = (name, tuple(sorted(det.hparams.items())))
@@ -715,10 +726,10 @@ def run_bench(args, ap, t0, fit, test, head, n_fit, n_test):
       continue
     presets = "/".join(p for n, p in pair_runs if n == name and
                        tuple(sorted(dets[(n, p)].hparams.items())) == key[1])
-    state, t_fit = timed(lambda: det.fit(fit, head))
-    scores, t_score = timed(lambda: det.score(state, test))
-    state, t_fit2 = timed(lambda: det.fit(fit, head))
-    _, t_score2 = timed(lambda: det.score(state, test))
+    state, t_fit = timed(lambda: det.fit(fit_d, head))
+    scores, t_score = timed(lambda: det.score(state, test_d))
+    state, t_fit2 = timed(lambda: det.fit(fit_d, head))
+    _, t_score2 = timed(lambda: det.score(state, test_d))
     done[key] = suite_scores[(name, preset)] = scores
     passes = floor_passes(name, det.hparams, fit, test, head)
     for _, fn in passes:
@@ -738,8 +749,8 @@ def run_bench(args, ap, t0, fit, test, head, n_fit, n_test):
         f"{'score s':>8s} {'fi_jax s':>9s} {'ref s':>8s} {'ref/fi':>7s} {'max rel err':>11s}")
   rows, ref_cache, alone_total, faiss_times = [], {}, 0.0, {}
   for (name, preset), det in dets.items():
-    state, t_fit = timed(lambda: det.fit(fit, head))
-    scores, t_score = timed(lambda: det.score(state, test))
+    state, t_fit = timed(lambda: det.fit(fit_d, head))
+    scores, t_score = timed(lambda: det.score(state, test_d))
     np.testing.assert_array_equal(np.asarray(scores), np.asarray(suite_scores[(name, preset)]))
     t_ours = t_fit + t_score
     alone_total += t_ours
