@@ -152,8 +152,9 @@ def _threshold(keys, k: int, slack: int = 0, lower=None):
 def kept_indices(keep: jax.Array, slots: int) -> jax.Array:
   """[B, slots] int32: the column indices of the True entries of each row of keep [B, n] in
   order, n (out of range) past the last. The mask is packed into 32-bit words: a binary
-  search over the words' running popcounts finds each slot's word, and five popcount halvings
-  the bit within it (cheaper on XLA:CPU than a prefix sum and a search over n)."""
+  search over the words' running popcounts finds each slot's word, and the popcounts of the
+  word's 32 prefixes the bit within it (cheaper on XLA:CPU than a prefix sum and a search over
+  n)."""
   b, n = keep.shape
   bits = jnp.pad(keep, ((0, 0), (0, (-n) % 32))).reshape(b, -1, 32).astype(jnp.uint32)
   words = jnp.sum(bits << jnp.arange(32, dtype=jnp.uint32), axis=2, dtype=jnp.uint32)
