@@ -10,7 +10,6 @@ then the standard pipeline extracts features and logits, runs the detectors and 
 import ml_collections
 
 from configs import common
-from fi_jax.common import detector_names
 
 ID_DIGITS = (0, 1, 2, 3, 4, 5)
 OOD_DIGITS = (6, 7, 8, 9)
@@ -41,9 +40,8 @@ def get_config(arg=None):
   # Every detector fi_jax has that applies to this one-tower ViT (ODIN and the layer ones
   # included; the zero-shot NegLabel, CSP and GL-MCM need a two-tower model: configs/clip_demo.py);
   # quick keeps the logit ones for fast tests.
-  c.detectors = tuple(common.LOGIT_DETECTORS) if arg.quick else tuple(
-      n for n in detector_names.NAMES
-      if n not in detector_names.TWO_TOWER or c.model_name in detector_names.TWO_TOWER[n])
+  c.detectors = tuple(common.LOGIT_DETECTORS) if arg.quick else common.posthoc_detectors(
+      odin=True, model_name=c.model_name, layers=True)
   # The demo's fit set has ~760 images: neighbour counts sized for it (the ImageNet presets use
   # k=1000 / k=50 on 1.28M images); NNGuide keeps the whole fit set as its bank.
   # NECO's 100 principal directions are 13% of a ViT-B's 768 features: 8 of the demo's 64.
