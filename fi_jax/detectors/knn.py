@@ -576,11 +576,6 @@ def _sq_dists(a, b, b_sq):
 
 
 @jax.jit
-def _cfood_block_dists(block, ref, ref_sq):
-  return _sq_dists(block, ref, ref_sq)
-
-
-@jax.jit
 def _cfood_block_sorted(block, ref, ref_sq, positions):
   return jnp.sort(_sq_dists(block, ref, ref_sq), axis=-1)[:, positions + 1]
 
@@ -588,21 +583,30 @@ def _cfood_block_sorted(block, ref, ref_sq, positions):
 def _cfood_self_knn(ref, positions: np.ndarray) -> np.ndarray:
   """For every reference row, its sorted squared distances to all reference rows (itself
   included, at the front) taken at `positions` + 1: [len(positions), n] float64. Row blocks of
-  ~2^24 distances, sorted by `jnp.sort` on an accelerator, by `np.sort` on the host when JAX
-  runs on the CPU (XLA's CPU sort is ~100x slower); both are exact, so the values are the
-  same."""
+  ~2^24 distances. On an accelerator `_sq_dists` and `jnp.sort` there; when JAX runs on the CPU
+  the same expression and the sort by numpy on the host (OpenBLAS's float64 product and
+  numpy's sort are much faster than XLA:CPU's: docs/performance.md). The sort is exact; the
+  products differ from XLA's in the last bits, as XLA's own do between block shapes."""
   n = ref.shape[0]
   rows = max(1, min(n, (1 << 24) // n))
-  sq = jnp.sum(ref * ref, -1)
   on_cpu = jax.default_backend() == "cpu"
+  if on_cpu:
+    ref = np.asarray(ref)
+    sq = np.sum(ref * ref, -1)
+  else:
+    sq = jnp.sum(ref * ref, -1)
   out = np.empty((len(positions), n))
   for start in range(0, n, rows):
     # the last block is clamped to the end (one compiled shape); its rows seen before are rewritten
     lo = min(start, n - rows)
     blk = ref[lo:lo + rows]
     if on_cpu:
-      d = np.asarray(_cfood_block_dists(blk, ref, sq))
-      part = np.sort(d, axis=1)[:, positions + 1]
+      prod = blk @ ref.T
+      prod *= 2.0                                             # exact
+      d = np.add.outer(sq[lo:lo + rows], sq)
+      d -= prod                                               # (|a|^2 + |b|^2) - 2 a.b
+      d.sort(axis=1)
+      part = d[:, positions + 1]
     else:
       part = np.asarray(_cfood_block_sorted(blk, ref, sq, jnp.asarray(positions)))
     out[:, lo:lo + rows] = part.T

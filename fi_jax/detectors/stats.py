@@ -48,6 +48,23 @@ def _slice(out: Outputs, lo: int, hi: int) -> Outputs:
   return Outputs(cut(out.features), cut(out.logits), cut(out.labels), extras)
 
 
+def _host_view(x):
+  """x itself, or for a JAX array held whole by one CPU device its zero-copy numpy view: slicing
+  that view is free, while slicing the JAX array dispatches a copy of every chunk (~0.15 s a
+  pass over a 100k-row fit set). Arrays on an accelerator, or sharded, stay as they are."""
+  if not isinstance(x, jax.Array) or not x.is_fully_addressable:
+    return x
+  devices = x.sharding.device_set
+  if len(devices) != 1 or next(iter(devices)).platform != "cpu":
+    return x
+  return np.asarray(x)
+
+
+def _host_views(out: Outputs) -> Outputs:
+  extras = None if out.extras is None else {k: _host_view(v) for k, v in out.extras.items()}
+  return Outputs(_host_view(out.features), _host_view(out.logits), _host_view(out.labels), extras)
+
+
 def _concat(parts: list[Outputs]) -> Outputs:
   def cat(field):
     xs = [getattr(p, field) for p in parts]
@@ -103,9 +120,10 @@ def chunks(train, rows: Optional[int] = None) -> Iterator[tuple[int, Outputs]]:
   rows = int(rows or CHUNK_ROWS)
   start, buf, buffered = 0, [], 0
   for batch in _batches(train):
+    batch = _host_views(batch)
     n, pos = num_rows(batch), 0
     while pos < n:
-      if not buf and n - pos >= rows:       # aligned: no copy (device arrays stay on device)
+      if not buf and n - pos >= rows:       # aligned: no copy (accelerator arrays stay there)
         yield start, _slice(batch, pos, pos + rows)
         pos, start = pos + rows, start + rows
         continue

@@ -236,26 +236,36 @@ def test_line_weight_thresholds_equal_numpy_percentile(p):
   np.testing.assert_array_equal(got, want)
 
 
-def test_entry_percentiles_are_numpy_percentiles_computed_once_in_a_scope(monkeypatch):
-  """ReAct / VRA / LINe's clip percentiles: np.percentile's values, each percentile of one
-  entries array computed once inside detectors.shared() (missing ones together), every time
-  outside it."""
-  entries = np.random.default_rng(3).standard_normal(10_001).astype(np.float32)
-  asked = []
-  real = np.percentile
-  monkeypatch.setattr(np, "percentile", lambda a, q, **kw: (asked.append(list(q)), real(a, q, **kw))[1])
-  want = lambda qs: np.array([real(entries, q) for q in qs])
+def test_entry_percentiles_are_numpy_percentiles_from_one_sort_in_a_scope(monkeypatch):
+  """ReAct / VRA / LINe's clip percentiles: np.percentile's values bit for bit (any q, sizes from
+  1, ties, NaN), read off one sorted copy of an entries array made once inside
+  detectors.shared(), every time outside it."""
+  rng = np.random.default_rng(3)
+  for n in (1, 2, 7, 10_001):
+    for x in (rng.standard_normal(n).astype(np.float32),
+              rng.integers(0, 3, n).astype(np.float32),        # ties
+              (np.abs(rng.standard_normal(n)) * 1e3).astype(np.float64)):
+      qs = [0.0, 100.0, 50.0, 90.0, 99.0, *rng.uniform(0, 100, 5)]
+      np.testing.assert_array_equal(activation.entry_percentiles(x, qs), np.percentile(x, qs))
+  nan = np.array([1.0, np.nan, 2.0], np.float32)
+  np.testing.assert_array_equal(activation.entry_percentiles(nan, [10, 90]), np.percentile(nan, [10, 90]))
+
+  entries = rng.standard_normal(10_001).astype(np.float32)
+  sorts = []
+  real = np.sort
+  monkeypatch.setattr(np, "sort", lambda a, *args, **kw: (sorts.append(a.size), real(a, *args, **kw))[1])
+  want = lambda qs: np.percentile(entries, qs)
   with detectors.shared():
     np.testing.assert_array_equal(activation.entry_percentiles(entries, [10.0, 90.0]), want([10, 90]))
     np.testing.assert_array_equal(activation.entry_percentiles(entries, 90), want([90]))
     np.testing.assert_array_equal(activation.entry_percentiles(entries, [99, 10]), want([99, 10]))
-    other = entries.copy()                      # another array: its own percentiles
+    other = entries.copy()                      # another array: its own sort
     np.testing.assert_array_equal(activation.entry_percentiles(other, 90), want([90]))
-  assert asked == [[10.0, 90.0], [99.0], [90.0]]
-  asked.clear()
+  assert sorts == [entries.size, entries.size]
+  sorts.clear()
   activation.entry_percentiles(entries, 90)
   activation.entry_percentiles(entries, 90)
-  assert asked == [[90.0], [90.0]]
+  assert sorts == [entries.size, entries.size]
 
 
 def test_line_class_sorted_blocks_equal_one_call(data, monkeypatch):
