@@ -408,7 +408,8 @@ def _feature_logit(name):
 
 @pytest.mark.parametrize("name", [n for n in detectors.names() if _feature_logit(n)])
 def test_streaming_fit_and_state_roundtrip(nonneg, name, tmp_path, monkeypatch):
-  """Batches (list or one-shot generator, uneven sizes, several chunks) give bit-identical
+  """Batches (list or one-shot generator, uneven sizes, several chunks) and the set as JAX
+  arrays (the pipeline's form; sliced through numpy views on the CPU) give bit-identical
   states to the whole set; a saved and loaded state scores identically."""
   fit, test, head = nonneg
   monkeypatch.setattr(stats, "CHUNK_ROWS", 128)
@@ -417,7 +418,10 @@ def test_streaming_fit_and_state_roundtrip(nonneg, name, tmp_path, monkeypatch):
   sizes = [50, 100, 7, 200, 1, 242]
   as_list = det.fit(list(_batches(fit, sizes)), head)
   one_shot = det.fit(_batches(fit, sizes), head)
-  for other in (as_list, one_shot):
+  on_device = det.fit(detectors.Outputs(
+      *(None if x is None else jnp.asarray(x) for x in (fit.features, fit.logits, fit.labels))),
+      head)
+  for other in (as_list, one_shot, on_device):
     assert sorted(other) == sorted(whole)
     for k in whole:
       np.testing.assert_array_equal(np.asarray(other[k]), np.asarray(whole[k]), err_msg=k)
@@ -429,6 +433,18 @@ def test_streaming_fit_and_state_roundtrip(nonneg, name, tmp_path, monkeypatch):
   monkeypatch.setattr(stats, "CHUNK_ROWS", 16384)                 # one chunk: same to rounding
   np.testing.assert_allclose(np.asarray(det.score(det.fit(fit, head), test)), s,
                              rtol=1e-6, atol=1e-6 * np.abs(s).max())
+
+
+def test_fit_chunks_of_cpu_jax_arrays_are_views_of_their_buffers():
+  """stats.chunks slices a JAX array held by the CPU through its zero-copy numpy view: no chunk
+  is copied (slicing the JAX array would dispatch a copy of each)."""
+  x = jnp.asarray(np.arange(1000 * 3, dtype=np.float32).reshape(1000, 3))
+  chunks = list(stats.chunks(detectors.Outputs(x, None), 128))
+  assert [s for s, _ in chunks] == list(range(0, 1000, 128))
+  for start, chunk in chunks:
+    assert isinstance(chunk.features, np.ndarray)
+    assert np.shares_memory(chunk.features, np.asarray(x))
+    np.testing.assert_array_equal(chunk.features, np.asarray(x)[start:start + 128])
 
 
 def test_row_sample_is_batching_independent_and_uniform():
