@@ -42,27 +42,27 @@ def num_rows(out: Outputs) -> int:
   return int(np.shape(x)[0])
 
 
+def _map_arrays(out: Outputs, fn) -> Outputs:
+  """`out` with fn applied to each of its arrays (None fields stay None)."""
+  f = lambda x: None if x is None else fn(x)
+  extras = None if out.extras is None else {k: f(v) for k, v in out.extras.items()}
+  return Outputs(f(out.features), f(out.logits), f(out.labels), extras)
+
+
 def _slice(out: Outputs, lo: int, hi: int) -> Outputs:
-  cut = lambda x: None if x is None else x[lo:hi]
-  extras = None if out.extras is None else {k: cut(v) for k, v in out.extras.items()}
-  return Outputs(cut(out.features), cut(out.logits), cut(out.labels), extras)
+  return _map_arrays(out, lambda x: x[lo:hi])
 
 
 def _host_view(x):
-  """x itself, or for a JAX array held whole by one CPU device its zero-copy numpy view: slicing
-  that view is free, while slicing the JAX array dispatches a copy of every chunk (~0.15 s a
-  pass over a 100k-row fit set). Arrays on an accelerator, or sharded, stay as they are."""
+  """x itself, or for a JAX array held whole by one CPU device its zero-copy numpy view:
+  slicing the view is free, slicing the JAX array dispatches a copy of every chunk
+  (docs/performance.md). Arrays on an accelerator, or sharded, stay as they are."""
   if not isinstance(x, jax.Array) or not x.is_fully_addressable:
     return x
   devices = x.sharding.device_set
   if len(devices) != 1 or next(iter(devices)).platform != "cpu":
     return x
   return np.asarray(x)
-
-
-def _host_views(out: Outputs) -> Outputs:
-  extras = None if out.extras is None else {k: _host_view(v) for k, v in out.extras.items()}
-  return Outputs(_host_view(out.features), _host_view(out.logits), _host_view(out.labels), extras)
 
 
 def _concat(parts: list[Outputs]) -> Outputs:
@@ -120,7 +120,7 @@ def chunks(train, rows: Optional[int] = None) -> Iterator[tuple[int, Outputs]]:
   rows = int(rows or CHUNK_ROWS)
   start, buf, buffered = 0, [], 0
   for batch in _batches(train):
-    batch = _host_views(batch)
+    batch = _map_arrays(batch, _host_view)
     n, pos = num_rows(batch), 0
     while pos < n:
       if not buf and n - pos >= rows:       # aligned: no copy (accelerator arrays stay there)
