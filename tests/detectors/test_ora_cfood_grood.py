@@ -7,8 +7,6 @@ a3eb335eb23bf944224f2f635983f31c3fac281d; ref_grood from OpenOOD openood/postpro
 relative on ReLU-like and signed features and beat MSP on a case built so that MSP is at chance.
 Streaming fits, state files and the shared scope run for every registered detector in
 test_references.py."""
-from unittest import mock
-
 import numpy as np
 import pytest
 import torch
@@ -71,7 +69,7 @@ def test_grood_equals_reference(data):
   assert_scores(fit_score("grood", fit, test, head, **blocks), ref_grood(fit, test), rtol=RTOL)
 
 
-def test_cfood_fit_order_statistics_on_cpu_and_accelerator():
+def test_cfood_fit_order_statistics_on_cpu_and_accelerator(monkeypatch):
   """The fit's order statistics: on the CPU numpy's distances (the same expression) sorted by
   np.sort, bit for bit; on an accelerator XLA's distances sorted by jnp.sort, equal to float64
   rounding (the products' last bits differ, as XLA's do between block shapes)."""
@@ -84,8 +82,8 @@ def test_cfood_fit_order_statistics_on_cpu_and_accelerator():
   want = np.sort(sq[:, None] + sq[None, :] - 2.0 * (ref @ ref.T), axis=1)[:, positions + 1].T
   host = knn_lib._cfood_self_knn(jnp.asarray(ref), positions)
   np.testing.assert_array_equal(host, want)
-  with mock.patch.object(knn_lib.jax, "default_backend", lambda: "gpu"):
-    device = knn_lib._cfood_self_knn(jnp.asarray(ref), positions)
+  monkeypatch.setattr(knn_lib.jax, "default_backend", lambda: "gpu")
+  device = knn_lib._cfood_self_knn(jnp.asarray(ref), positions)
   np.testing.assert_allclose(device, want, rtol=1e-12, atol=1e-14)
 
 
