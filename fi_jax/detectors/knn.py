@@ -50,17 +50,16 @@ _ROW_ALIGN = selection.MAX_GROUP   # bank rows per shard are a multiple of every
 
 # ----------------------------------------------------------------------------- blockwise search
 
-def _local_candidates(q, bank, n_valid, offset, k: int, bank_block: int):
-  """(groups [Bq, K, g] float32, lower): candidate groups holding the k largest similarities
-  of queries q [Bq, D] to the bank rows with global index offset + r < n_valid (see
-  selection.top_groups). The bank's row count is a multiple of 64 (so of g). Balanced blocks
-  of > selection.slots(k) groups each; the last block is clamped to the end of the bank and
-  its rows already seen are masked (no padding copy of the bank)."""
+def _bank_blocks(q, bank, n_valid, offset, k: int, bank_block: int):
+  """(number of bank blocks, block(i) -> (similarities [Bq, G, g] float32 of queries q [Bq, D]
+  to the i-th bank block cut into groups of g, valid [G, g]: rows with global index offset + r
+  < n_valid not seen in an earlier block)). The bank's row count is a multiple of 64 (so of
+  g). Balanced blocks of > selection.slots(k) groups each; the last block is clamped to the end
+  of the bank and its rows already seen are masked (no padding copy of the bank)."""
   nl = bank.shape[0]
   nblocks = max(1, math.ceil(nl / bank_block))
   g = selection.group_size(math.ceil(nl / nblocks), k)
   nb = min(nl, max(g * math.ceil(nl / nblocks / g), g * (selection.slots(k) + 1)))
-  nblocks = math.ceil(nl / nb)
 
   def block(i):
     start = jnp.minimum(i * nb, nl - nb)
@@ -69,14 +68,39 @@ def _local_candidates(q, bank, n_valid, offset, k: int, bank_block: int):
                         preferred_element_type=jnp.float32)
     rows = start + jnp.arange(nb)
     ok = (rows >= i * nb) & (offset + rows < n_valid)
-    return selection.top_groups(s.reshape(q.shape[0], nb // g, g), k, ok.reshape(nb // g, g))
+    return s.reshape(q.shape[0], nb // g, g), ok.reshape(nb // g, g)
+  return math.ceil(nl / nb), block
+
+
+def _local_candidates(q, bank, n_valid, offset, k: int, bank_block: int):
+  """(groups [Bq, K, g] float32, lower): candidate groups holding the k largest similarities
+  of queries q [Bq, D] to the bank rows with global index offset + r < n_valid (see
+  selection.top_groups), the candidates of each bank block (`_bank_blocks`) merged with the
+  next block's by the same selection."""
+  nblocks, block = _bank_blocks(q, bank, n_valid, offset, k, bank_block)
+
+  def select(i):
+    vals, valid = block(i)
+    return selection.top_groups(vals, k, valid)
 
   if nblocks == 1:
-    return block(0)
+    return select(0)
   return lax.fori_loop(
       1, nblocks,
-      lambda i, c: selection.top_groups(jnp.concatenate([c[0], block(i)[0]], axis=1), k),
-      block(0))
+      lambda i, c: selection.top_groups(jnp.concatenate([c[0], select(i)[0]], axis=1), k),
+      select(0))
+
+
+def _local_order_stats(q, bank, n_valid, ks: tuple[int, ...], bank_block: int, sums: bool):
+  """knn_order_stats of queries q [Bq, D] on one device. With one bank block the candidates
+  are searched row block by row block where they are made (selection.grouped_order_stats)."""
+  k = max(ks)
+  nblocks, block = _bank_blocks(q, bank, n_valid, 0, k, bank_block)
+  if nblocks == 1:
+    vals, valid = block(0)
+    return selection.grouped_order_stats(vals, ks, valid, sums)
+  return selection.group_order_stats(_local_candidates(q, bank, n_valid, 0, k, bank_block), ks,
+                                     sums)
 
 
 def knn_order_stats(queries, bank, n_valid, *, ks: tuple[int, ...], query_block: int,
@@ -98,9 +122,7 @@ def _knn_order_stats(queries, bank, n_valid, *, ks, query_block, bank_block, mes
 
   if mesh is None:
     def run(qs, bank, n_valid):
-      return lax.map(
-          lambda qq: selection.group_order_stats(
-              _local_candidates(qq, bank, n_valid, 0, k, bank_block), ks, sums), qs)
+      return lax.map(lambda qq: _local_order_stats(qq, bank, n_valid, ks, bank_block, sums), qs)
   else:
     def shard(qs, bank, n_valid):
       offset = lax.axis_index(_AXIS) * bank.shape[0]

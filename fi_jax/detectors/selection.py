@@ -278,6 +278,17 @@ def group_order_stats(groups_lower, ks: tuple[int, ...], sums: bool = True):
   return order_stats(groups.reshape(groups.shape[0], -1), ks, lower, sums)
 
 
+def grouped_order_stats(vals: jax.Array, ks: tuple[int, ...], valid: Optional[jax.Array] = None,
+                        sums: bool = True) -> tuple[jax.Array, Optional[jax.Array]]:
+  """group_order_stats(top_groups(vals, max(ks), valid), ks, sums), the same values, with each
+  block of rows searched where its candidate groups are made: they are not stacked into one
+  [B, slots, g] array first (a copy of every block's candidates)."""
+  def rows(v):
+    groups, lower = _top_groups_rows(v, max(ks), valid)
+    return _order_stats_rows(groups.reshape(groups.shape[0], -1), ks, lower, sums)
+  return _by_rows(rows, vals)
+
+
 def row_order_stats(s, ks: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
   """(k-th largest [B, m], top-k sum [B, m]) of each row of s [B, n] for every k in ks (exact,
   by the grouped selection; -inf counts as a value) for scores already in memory."""
@@ -285,7 +296,7 @@ def row_order_stats(s, ks: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
   b, n = s.shape
   g = group_size(n, max(ks))
   s = jnp.pad(s, ((0, 0), (0, (-n) % g)), constant_values=-jnp.inf)
-  return group_order_stats(top_groups(s.reshape(b, -1, g), max(ks)), ks)
+  return grouped_order_stats(s.reshape(b, -1, g), ks)
 
 
 def _total_key32(x):

@@ -92,6 +92,29 @@ def test_selection_merges_candidate_blocks_like_one_search():
   np.testing.assert_allclose(np.asarray(top_sum), np.asarray(ref_sum), rtol=1e-12)
 
 
+@pytest.mark.parametrize("rows", [256, 200])      # 2 blocks of 128 rows; not a multiple of 128
+def test_grouped_order_stats_equal_the_stacked_candidates_search(rows):
+  """grouped_order_stats (each row block searched where its groups are made, as KNN's one-
+  bank-block search) gives group_order_stats(top_groups(...)) bit for bit: masked entries,
+  ties, both k and the float64 top-k sums."""
+  rng = np.random.default_rng(3)
+  s = np.round(rng.normal(size=(rows, 4096)), 2).astype(np.float32)
+  k = 300
+  g = selection.group_size(4096, k)
+  valid = jnp.asarray(np.arange(4096) < 4000).reshape(-1, g)       # a padded bank's tail
+  vals = jnp.asarray(s).reshape(rows, -1, g)
+  stacked = jax.jit(lambda v: selection.group_order_stats(
+      selection.top_groups(v, k, valid), (20, k)))(vals)
+  grouped = jax.jit(lambda v: selection.grouped_order_stats(v, (20, k), valid))(vals)
+  for a, b in zip(grouped, stacked):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  ref_kth, _ = reference_top_k(s[:, :4000], (20, k))
+  np.testing.assert_array_equal(np.asarray(grouped[0]), np.asarray(ref_kth))
+  no_sums = jax.jit(lambda v: selection.grouped_order_stats(v, (k,), valid, sums=False))(vals)
+  assert no_sums[1] is None
+  np.testing.assert_array_equal(np.asarray(no_sums[0])[:, 0], np.asarray(ref_kth)[:, 1])
+
+
 def test_kept_indices_are_the_true_columns_in_order():
   rng = np.random.default_rng(1)
   keep = rng.random((6, 200)) < np.array([0.0, 0.02, 0.3, 0.9, 1.0, 0.5])[:, None]
