@@ -10,7 +10,9 @@ against bank blocks of about `bank_block` rows, so N_test x N_bank never exists 
 The selection is exact and sort-free (fi_jax.detectors.selection): each bank block's similarities are cut
 into groups and only the groups that can hold a query's k largest are kept (`top_groups`);
 the candidates of the next block are merged with them by the same selection, and one search
-over the final candidates gives every requested k (`group_order_stats`).
+over the final candidates gives every requested k (`group_order_stats`). With one bank block
+(the default for banks up to 131,072 rows) each block of rows is searched right after its
+groups are selected (`grouped_order_stats`).
 With several local devices the bank is sharded along its rows (NamedSharding over a 1-D 'bank'
 mesh, each shard a multiple of 64 rows); each device selects its candidate groups, which are
 all-gathered and merged (the same values as one device).

@@ -17,7 +17,9 @@ replaces XLA's TopK, which on CPU takes about 1 ms a row at k = 1000:
   devices, are merged by the same selection;
 * the same search over the final candidates, started at t, gives for every requested k the
   exact k-th largest value (the smallest key at or above the threshold it finds) and the
-  top-k sum = sum(entries above it) + (k - their count) * that value (`group_order_stats`).
+  top-k sum = sum(entries above it) + (k - their count) * that value (`group_order_stats`;
+  `grouped_order_stats` runs both steps on one block of rows at a time, so that the candidates
+  of all the rows are never stacked in memory).
 Rows are selected 128 at a time: a search runs until the slowest row of its block ends.
 `row_order_stats` runs it all on a matrix in memory; `reference_top_k` computes the same with
 `lax.top_k` (the oracle of the tests).
