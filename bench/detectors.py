@@ -21,8 +21,10 @@ run and timed, as `fi_jax.pipeline.outputs_of` hands every set to the detectors;
 k=1000 and k=50), without the
 pairwise-kernel detectors (Relation, WeiPer+KLD, WeiPer: a test x fit-bank or test x r C
 kernel), against one faiss-cpu exact search on the bank (target (a): <= 2.5x; `--warm` adds a
-second, compiled run). Part 1b times each pairwise-kernel detector alone (fit + score, cold and
-compiled) against its arithmetic floor: the same matrix products as bare `jnp.dot` calls in the
+second, compiled run; `--warm --rounds N` makes that N compiled runs, each alternated with the
+search at the largest k, and compares their medians: the host's speed drifts). Part 1b times
+each pairwise-kernel detector alone (fit + score, cold and compiled) against its arithmetic
+floor: the same matrix products as bare `jnp.dot` calls in the
 dtype and blocks the detector uses (inputs prepared outside the timing), timed in the same run
 (target (b): <= 1.5x compiled). Part 2 times every run alone and checks it against its
 reference (and that it equals part 1's scores); target KNN >= 1.0x faiss-cpu; the third-wave
@@ -233,8 +235,19 @@ def _libmr_fit_high(tail):
   return np.exp(rng * mu + x.max()), 1.0 / (rng * sig)
 
 
+def faiss_knn(fit, test, k):
+  """Squared L2 distances [N, k] of the unit test rows to their k nearest unit fit rows by
+  faiss-cpu's exact IndexFlatL2 (normalisation, add and search): the search target (a) is
+  measured against, and KNN's reference."""
+  index = faiss.IndexFlatL2(fit.features.shape[1])
+  index.add(_norm(fit.features))
+  return index.search(_norm(test.features), k)[0]
+
+
 def reference(name, hp, fit, test, head):
   """Scores of an independent numpy / sklearn / faiss implementation (float64 unless noted)."""
+  if name == "knn":         # before the float64 copies below, which faiss does not read
+    return -faiss_knn(fit, test, hp["k"])[:, -1].astype(np.float64)
   hf, zf, yf = (np.asarray(fit.features, np.float64), np.asarray(fit.logits, np.float64),
                 np.asarray(fit.labels))
   ht, zt = np.asarray(test.features, np.float64), np.asarray(test.logits, np.float64)
@@ -303,11 +316,6 @@ def reference(name, hp, fit, test, head):
       return -res
     alpha = zf.max(1).mean() / np.linalg.norm((hf - u) @ ns, axis=1).mean()
     return _lse(zt) - alpha * res
-  if name == "knn":
-    index = faiss.IndexFlatL2(hf.shape[1])
-    index.add(_norm(fit.features))
-    dist, _ = index.search(_norm(test.features), hp["k"])
-    return -dist[:, -1].astype(np.float64)
   if name == "combood":
     index = faiss.IndexFlatL2(hf.shape[1])
     index.add(_norm(fit.features))
@@ -619,12 +627,17 @@ def main():
                   help="fraction of the zero-shot bank's 90,228 labels (and 14,448 adjectives)")
   ap.add_argument("--warm", action="store_true",
                   help="part 1a: run the suite a second time, compiled (compilation excluded)")
+  ap.add_argument("--rounds", type=int, default=1,
+                  help="with --warm: compiled suite runs, each alternated with a faiss search "
+                  "at the largest k; (a) uses the medians (default 1)")
   ap.add_argument("--coretype", default=None,
                   help="set OPENBLAS_CORETYPE (e.g. SkylakeX) when an OpenBLAS falls back to Prescott")
   ap.add_argument("--quick", action="store_true",
                   help="a 2-core host's scale: --scale 0.04096 (4096 fit / 2048 test rows) "
                   "--bank-scale 0.25 --warm")
   args = ap.parse_args()
+  if args.rounds < 1:
+    ap.error(f"--rounds {args.rounds}: give 1 or more")
   if args.quick:
     args.scale, args.bank_scale, args.warm = 0.04096, 0.25, True
   n_fit, n_test = int(100_000 * args.scale), int(50_000 * args.scale)
@@ -681,10 +694,11 @@ def run_bench(args, ap, t0, fit, test, head, n_fit, n_test):
   #     KNN search for both k, identical preset pairs computed once)
   suite_scores = {}
 
-  def run_suite(label):
-    print(f"\n1a. suite without {', '.join(PAIRWISE)}: every detector x preset inside "
-          f"detectors.shared() (fit + score, {label})\n{'detector':16s} {'preset':8s} "
-          f"{'fit s':>8s} {'score s':>8s}")
+  def run_suite(label, table=True):
+    if table:
+      print(f"\n1a. suite without {', '.join(PAIRWISE)}: every detector x preset inside "
+            f"detectors.shared() (fit + score, {label})\n{'detector':16s} {'preset':8s} "
+            f"{'fit s':>8s} {'score s':>8s}")
     t = time.perf_counter()
     fit_d, test_d = on_device(fit), on_device(test)     # timed: once a run, as the pipeline
     with detectors.shared([dets[r] for r in suite_runs]):
@@ -692,23 +706,39 @@ def run_bench(args, ap, t0, fit, test, head, n_fit, n_test):
         det = dets[(name, preset)]
         state, t_fit = timed(lambda: det.fit(fit_d, head))
         suite_scores[(name, preset)], t_score = timed(lambda: det.score(state, test_d))
-        print(f"{name:16s} {preset:8s} {t_fit:8.2f} {t_score:8.2f}", flush=True)
+        if table:
+          print(f"{name:16s} {preset:8s} {t_fit:8.2f} {t_score:8.2f}", flush=True)
     return time.perf_counter() - t
   t_suite = run_suite("compilation included")
   same = sum(1 for r in suite_runs if detectors.hparams_of(*r) in
              [detectors.hparams_of(*q) for q in suite_runs if q[0] == r[0] and q < r])
   print(f"suite total: {t_suite:.1f} s ({len(suite_runs)} detector x preset runs; {same} have "
         f"the hyper-parameters of another preset of the same detector)")
-  t_warm = run_suite("compiled: the second run") if args.warm and suite_runs else None
-  faiss_s = {}
-  for k in sorted({dets[r].hparams["k"] for r in suite_runs if r[0] == "knn"}):
-    _, faiss_s[k] = timed(lambda: reference("knn", {"k": k}, fit, test, head))
+  knn_ks = sorted({dets[r].hparams["k"] for r in suite_runs if r[0] == "knn"}) or [1000]
+  search = lambda k: timed(lambda: faiss_knn(fit, test, k))[1]
+  warm, faiss_rounds = [], []
+  if args.warm and suite_runs:
+    # compiled runs alternated with the largest-k search (the host's speed drifts by tens of
+    # percent within minutes: a ratio of two lone timings taken minutes apart is mostly drift)
+    for i in range(args.rounds):
+      steps = [("suite", lambda i=i: run_suite("compiled: the second run", table=i == 0)),
+               ("faiss", lambda: search(knn_ks[-1]))]
+      for what, fn in (steps if i % 2 == 0 else steps[::-1]):
+        (warm if what == "suite" else faiss_rounds).append(fn())
+  faiss_s = {k: search(k) for k in knn_ks[:-1]}
+  faiss_s[knn_ks[-1]] = float(np.median(faiss_rounds)) if faiss_rounds else search(knn_ks[-1])
   print(f"\n(a) suite without the pairwise-kernel detectors / one faiss-cpu exact search "
-        f"(IndexFlatL2 add + search on the {n_fit} x {args.dim} bank, {n_test} queries) "
-        f"[target <= 2.5]")
+        f"(IndexFlatL2 on the unit rows: normalise, add and search the {n_fit} x {args.dim} "
+        f"bank with {n_test} queries) [target <= 2.5]")
   for k, t_f in faiss_s.items():
-    warm = f"; compiled {t_warm:.1f} s: {t_warm / t_f:.2f}" if t_warm else ""
-    print(f"  k={k}: faiss {t_f:.1f} s; suite {t_suite:.1f} s: {t_suite / t_f:.2f}{warm}")
+    t_w = f"; compiled {np.median(warm):.1f} s: {np.median(warm) / t_f:.2f}" if warm else ""
+    print(f"  k={k}: faiss {t_f:.1f} s; suite {t_suite:.1f} s: {t_suite / t_f:.2f}{t_w}")
+  if len(warm) > 1:
+    ratios = [w / f for w, f in zip(warm, faiss_rounds)]
+    print(f"  {len(warm)} rounds, compiled suite and k={knn_ks[-1]} search alternated (the "
+          f"medians above): suite s {', '.join(f'{w:.1f}' for w in warm)}; faiss s "
+          f"{', '.join(f'{f:.1f}' for f in faiss_rounds)}; per round "
+          f"{', '.join(f'{r:.2f}' for r in ratios)} (median {np.median(ratios):.2f})")
 
   # 1b. each pairwise-kernel detector alone (fit + score, no sharing) against the bare products
   #     it computes, timed in this run: cold (compilation included) and compiled
