@@ -156,12 +156,15 @@ def trace_split(trace_dir: str, classifier: Classifier, own_files):
         own[id(stack[-1])] -= e["dur"]
       own[id(e)] += e["dur"]
       stack.append(e)
-  out, per_op = collections.Counter(), collections.Counter()
+  out, per_op, classes = collections.Counter(), collections.Counter(), {}
   for evs in by_thread.values():
     for e in evs:
       args = e.get("args") or {}
       if "hlo_op" in args and "hlo_module" in args:
-        cls, source = classifier.classify(args["hlo_module"], args["hlo_op"], own_files)
+        key = (args["hlo_module"], args["hlo_op"])      # an op runs many times inside loops
+        if key not in classes:
+          classes[key] = classifier.classify(*key, own_files)
+        cls, source = classes[key]
         out[cls] += own[id(e)] / 1e6
         per_op[(cls, args["hlo_module"], args["hlo_op"], source)] += own[id(e)] / 1e6
   return out, per_op
