@@ -8,7 +8,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this checkout's fi_jax, configs
 
-from fi_jax.run import cli
-
 if __name__ == "__main__":
-  cli.main()
+  from fi_jax.run import cli
+  cli.entry()

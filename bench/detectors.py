@@ -51,19 +51,21 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fi_jax.run import huge_pages  # noqa: E402
+
+huge_pages.reexec()   # as the CLI: malloc on huge pages (restarts the bench once, before any work)
+
 # numpy's and faiss's OpenBLAS read this when they load: unset, they pick the CPU's own kernel
 # (--coretype NAME sets it instead, for an OpenBLAS that does not recognise the CPU)
 _CORETYPE_GIVEN = os.environ.pop("OPENBLAS_CORETYPE", None)
 if "--coretype" in sys.argv[:-1]:
   os.environ["OPENBLAS_CORETYPE"] = sys.argv[sys.argv.index("--coretype") + 1]
 
-import numpy as np  # noqa: E402
-import threadpoolctl  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import threadpoolctl  # noqa: E402
 from jax import lax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
@@ -647,7 +649,9 @@ def main():
                  for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"})
   print(f"BLAS kernels: {blas} (OPENBLAS_CORETYPE {args.coretype or 'unset'} by the bench; it "
         f"was {_CORETYPE_GIVEN!r}); host load average {os.getloadavg()[0]:.1f} on "
-        f"{os.cpu_count()} CPUs")
+        f"{os.cpu_count()} CPUs; malloc on huge pages: "
+        f"{'yes' if huge_pages.in_use() else 'no'} (GLIBC_TUNABLES="
+        f"{os.environ.get('GLIBC_TUNABLES', '')!r}; FI_JAX_HUGE_PAGES=0 turns it off)")
   if any(b.endswith("Prescott") for b in blas):
     print("  warning: an OpenBLAS fell back to its generic Prescott kernel (it did not recognise "
           "the CPU): the BLAS-bound references (faiss) run slowly; give --coretype with the "

@@ -42,6 +42,11 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fi_jax.run import huge_pages  # noqa: E402
+
+huge_pages.reexec()   # as the CLI and bench/detectors.py: first, before the environment changes
+
 _DUMP = tempfile.mkdtemp(prefix="fi_jax_suite_hlo_")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + f" --xla_dump_to={_DUMP} --xla_dump_hlo_as_text").strip()
@@ -187,7 +192,7 @@ def main():
   blas = sorted({f"{os.path.basename(i['filepath']).split('-')[0]}: {i.get('architecture')}"
                  for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"})
   print(f"BLAS kernels: {blas}; host load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
-        f"CPUs; jax {jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}; "
+        f"CPUs; malloc on huge pages: {'yes' if huge_pages.in_use() else 'no'}; jax {jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}; "
         f"fit {fit.features.shape}, test {test.features.shape}, C={args.classes}")
   names = args.detectors.split(",") if args.detectors else [
       n for n in detectors.names() if detectors.REGISTRY[n].needs <= bench.FEATURE_LOGIT

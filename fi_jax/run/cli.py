@@ -267,5 +267,13 @@ def main():
   app.run(_main, argv=argv)
 
 
-if __name__ == "__main__":
+def entry():
+  """The process's entry point (`main.py`, the `fi-jax` script): `huge_pages.reexec()` first
+  (it restarts the process once with huge pages for malloc, before any work), then `main()`."""
+  from fi_jax.run import huge_pages
+  huge_pages.reexec()
   main()
+
+
+if __name__ == "__main__":
+  entry()

@@ -449,4 +449,6 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
+  from fi_jax.run import huge_pages
+  huge_pages.reexec()   # as the CLI's entry point: before any work
   main()
