@@ -77,7 +77,7 @@ def in_use(environ: Mapping[str, str] = os.environ) -> bool:
 
 def reexec() -> None:
   """Re-execute this process with `glibc.malloc.hugetlb=1` when `tunables_with_huge_pages`
-  says so (never returns then); otherwise return at once. Call it before any work: the
+  says so (never returns then, unless the exec itself fails); otherwise return at once. Call it before any work: the
   process starts again from the beginning, with the same arguments and environment."""
   value = tunables_with_huge_pages(os.environ, platform=sys.platform, glibc=glibc_version(),
                                    thp=thp_mode())
@@ -87,4 +87,7 @@ def reexec() -> None:
   env = dict(os.environ, GLIBC_TUNABLES=value, **{MARK: "1"})
   sys.stdout.flush()
   sys.stderr.flush()
-  os.execve(sys.executable, [sys.executable] + argv[1:], env)
+  try:
+    os.execve(sys.executable, [sys.executable] + argv[1:], env)
+  except OSError:   # no interpreter to start again (sys.executable empty, ...): go on as is
+    return

@@ -84,3 +84,10 @@ def test_the_restarted_process_gets_huge_pages():
   assert kb >= 32 << 10                                   # most of the 64 MiB on 2 MiB pages
   kb_off, tunables_off, pids_off = _probe(**{**clean, "FI_JAX_HUGE_PAGES": "0"})
   assert tunables_off == "-" and len(pids_off) == 1 and kb_off < kb
+
+
+def test_a_failed_restart_goes_on_as_is(monkeypatch):
+  monkeypatch.setattr(huge_pages, "tunables_with_huge_pages", lambda *a, **k: "x=1")
+  monkeypatch.setattr(huge_pages.sys, "orig_argv", ["python", "main.py"])
+  monkeypatch.setattr(huge_pages.sys, "executable", "/nonexistent/python")
+  assert huge_pages.reexec() is None      # no OSError: the exec found no interpreter, it goes on
