@@ -79,6 +79,7 @@ class Meta(TypedDict, total=False):
   versions: dict
   platform: str
   xla_flags: str
+  glibc_tunables: str      # GLIBC_TUNABLES the process ran with (fi_jax/run/huge_pages.py)
   devices: list
   process_count: int
   set_sizes: dict          # {set name: rows}

@@ -454,6 +454,7 @@ def _results(config, workdir: str, log: Log, dets: dict, specs: dict, sets: dict
       "config": to_dict(config), "workdir": os.path.abspath(workdir),
       "versions": report.versions(), "platform": platform.platform(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
       "devices": [str(d) for d in jax.devices()], "process_count": jax.process_count(),
       "set_sizes": {k: int(len(v["logits"])) for k, v in sets.items()},
       "ood_sets": [s[len("ood/"):] for s in specs if s.startswith("ood/")],

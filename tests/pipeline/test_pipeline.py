@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from fi_jax.run import huge_pages
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -47,6 +49,11 @@ def test_demo_writes_all_reports(quick_run):
   assert meta["config"]["train"]["steps"] == 150 and "jax" in meta["versions"]
   assert set(meta["timings_s"]) >= {"extract", "detectors", "metrics", "total"}
   assert "--xla_backend_optimization_level=1" in meta["xla_flags"]   # fi_jax.run.xla_flags on CPU
+  # main.py restarted itself with huge pages for malloc where the host allows (run/huge_pages.py)
+  applies = huge_pages.tunables_with_huge_pages(
+      {}, platform=sys.platform, glibc=huge_pages.glibc_version(), thp=huge_pages.thp_mode())
+  if applies and not {"FI_JAX_HUGE_PAGES", "GLIBC_TUNABLES"} & set(os.environ):
+    assert meta["glibc_tunables"] == "glibc.malloc.hugetlb=1"
   with open(os.path.join(workdir, "results.csv")) as f:
     lines = f.read().splitlines()
   assert lines[0].startswith("model,detector,id_set,ood_set,") and len(lines) == 1 + len(results["rows"])
