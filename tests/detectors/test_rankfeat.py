@@ -362,8 +362,8 @@ def test_configs_list_rankfeat_only_for_supported_families():
   assert "rankfeat" not in common.posthoc_detectors(False, "resnet")
 
 
-@pytest.mark.parametrize("family", ["dinov2"] + [pytest.param(f, marks=pytest.mark.slow)
-                                                 for f in ("clip", "two_towers")])
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["dinov2", "clip", "two_towers"])
 def test_vit_towers_of_other_families_are_intercepted(family):
   """dinov2 and the image towers of CLIP / SigLIP (two_towers) use vit.Encoder: the image
   tower's block depth-2 is the one modified (an identity modification changes nothing)."""

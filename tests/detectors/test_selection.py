@@ -74,6 +74,7 @@ def test_row_order_stats_equals_top_k_with_ties_inf_and_signed_zeros():
   assert_matches_reference(z, (1, 100, 900, 2999, 3000))
 
 
+@pytest.mark.slow
 def test_selection_merges_candidate_blocks_like_one_search():
   """top_groups of concatenated candidates (how KNN merges bank blocks and devices) gives the
   same order statistics as the whole row."""
@@ -92,6 +93,7 @@ def test_selection_merges_candidate_blocks_like_one_search():
   np.testing.assert_allclose(np.asarray(top_sum), np.asarray(ref_sum), rtol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows", [256, 200])      # 2 blocks of 128 rows; not a multiple of 128
 def test_grouped_order_stats_equal_the_stacked_candidates_search(rows):
   """grouped_order_stats (each row block searched where its groups are made, as KNN's one-
@@ -191,7 +193,8 @@ def test_knn_search_is_compiled_without_the_tree_reduction_rewrite(monkeypatch):
   np.testing.assert_allclose(top, ref_sum, rtol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["normal", "rounded", "signed_zeros", "constant"])
+@pytest.mark.parametrize("kind", ["normal"] + [pytest.param(k, marks=pytest.mark.slow)
+                                              for k in ("rounded", "signed_zeros", "constant")])
 def test_top_k_mask_and_indices_pick_lax_top_ks_entries(kind):
   """top_k_mask / top_k_indices select exactly lax.top_k's entries: its order (-0.0 below
   +0.0) and the lowest indices among ties, including more ties than room at the k-th."""
@@ -212,6 +215,7 @@ def test_top_k_mask_and_indices_pick_lax_top_ks_entries(kind):
     np.testing.assert_array_equal(selection.top_k_indices(jnp.asarray(x), k), np.sort(idx, 1))
 
 
+@pytest.mark.slow
 def test_detectors_with_selection_programs_compile_with_selection_step(monkeypatch):
   """CFOOD's and GEN's jitted scores (selection_program) get compile_options.selection_step()
   when first called; the others XLA's defaults."""

@@ -13,6 +13,7 @@ ID = (0, 1, 2)
 PP = "value_range(-1, 1, 0, 16)"
 
 
+@pytest.mark.slow
 def test_evaluator_under_disallowed_transfers():
   model = vit.Model(len(ID), patch_size=(2, 2), width=32, depth=1, mlp_dim=64, num_heads=2,
                     head_zeroinit=False)   # a zero head: constant MSP, a degenerate detector

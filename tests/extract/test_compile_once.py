@@ -187,6 +187,7 @@ def test_a_skipped_scorer_runs_nothing_and_leaves_no_column():
     extract.Forward(predict, mesh, input_scorers=always, optional=["odin"])
 
 
+@pytest.mark.slow
 def test_a_run_of_small_sets_scores_in_smaller_blocks(monkeypatch):
   """score_sets pads every scored set to the power of two above the largest one (here 512, not
   SCORE_BLOCK = 4096), with one compiled score for both sets, and the same scores as one call on

@@ -127,6 +127,7 @@ def test_a_file_that_does_not_fit_names_the_files_keys(cache, tmp_path):
     zoo.from_pretrained("timm/ghostnet_100", ckpt, input_size=SIZE)
 
 
+@pytest.mark.slow
 def test_a_model_torchax_computes_wrongly_is_not_admitted(cache, tmp_path, monkeypatch):
   """The admission compares against torch eager: a torchax function that is off by 1% (here
   made so) is refused with one line, and the refusal is recorded."""
