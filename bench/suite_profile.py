@@ -192,7 +192,8 @@ def main():
   blas = sorted({f"{os.path.basename(i['filepath']).split('-')[0]}: {i.get('architecture')}"
                  for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"})
   print(f"BLAS kernels: {blas}; host load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
-        f"CPUs; malloc on huge pages: {'yes' if huge_pages.in_use() else 'no'}; jax {jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}; "
+        f"CPUs; malloc on huge pages: {'yes' if huge_pages.in_use() else 'no'}; jax "
+        f"{jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}; "
         f"fit {fit.features.shape}, test {test.features.shape}, C={args.classes}")
   names = args.detectors.split(",") if args.detectors else [
       n for n in detectors.names() if detectors.REGISTRY[n].needs <= bench.FEATURE_LOGIT

@@ -4,10 +4,9 @@ XLA:CPU, NumPy and faiss take every large array (a set's logits, a score block's
 from glibc's malloc, which maps it fresh and returns it to the kernel when freed: each new
 array is faulted in and zeroed 4 KiB page by page. On a Linux host whose transparent huge pages
 are in the common `madvise` mode, glibc's tunable `glibc.malloc.hugetlb=1` (glibc >= 2.35)
-makes malloc ask for 2 MiB pages instead, which roughly halves the time of XLA:CPU's
-memory-bound ops (a float32 -> float64 conversion of 50,000 x 1,000 logits: ~95 ms -> ~47 ms)
-and shortens the compiled detector suite by about a tenth (docs/performance.md). Values are
-unchanged: only the page size of the memory differs.
+makes malloc ask for 2 MiB pages instead: fewer faults for the same work, so XLA:CPU's
+memory-bound ops and the compiled detector suite run faster (measured in docs/performance.md,
+"Huge pages for malloc"). Values are unchanged: only the page size of the memory differs.
 
 glibc reads GLIBC_TUNABLES once, when the process starts, so `reexec()` starts the process
 again (the same interpreter and command line, `sys.orig_argv`) with the tunable added, before
@@ -77,8 +76,9 @@ def in_use(environ: Mapping[str, str] = os.environ) -> bool:
 
 def reexec() -> None:
   """Re-execute this process with `glibc.malloc.hugetlb=1` when `tunables_with_huge_pages`
-  says so (never returns then, unless the exec itself fails); otherwise return at once. Call it before any work: the
-  process starts again from the beginning, with the same arguments and environment."""
+  says so (never returns then, unless the exec itself fails); otherwise return at once. Call
+  it before any work: the process starts again from the beginning, with the same pid,
+  arguments and environment."""
   value = tunables_with_huge_pages(os.environ, platform=sys.platform, glibc=glibc_version(),
                                    thp=thp_mode())
   argv = list(getattr(sys, "orig_argv", ()))
