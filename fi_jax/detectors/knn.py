@@ -79,8 +79,11 @@ def _local_candidates(q, bank, n_valid, offset, k: int, bank_block: int):
   of queries q [Bq, D] to the bank rows with global index offset + r < n_valid (see
   selection.top_groups), the candidates of each bank block (`_bank_blocks`) merged with the
   next block's by the same selection."""
-  nblocks, block = _bank_blocks(q, bank, n_valid, offset, k, bank_block)
+  return _merged_candidates(*_bank_blocks(q, bank, n_valid, offset, k, bank_block), k)
 
+
+def _merged_candidates(nblocks: int, block, k: int):
+  """`_local_candidates` of the bank blocks `_bank_blocks` returned."""
   def select(i):
     vals, valid = block(i)
     return selection.top_groups(vals, k, valid)
@@ -96,13 +99,11 @@ def _local_candidates(q, bank, n_valid, offset, k: int, bank_block: int):
 def _local_order_stats(q, bank, n_valid, ks: tuple[int, ...], bank_block: int, sums: bool):
   """knn_order_stats of queries q [Bq, D] on one device. With one bank block the candidates
   are searched row block by row block where they are made (selection.grouped_order_stats)."""
-  k = max(ks)
-  nblocks, block = _bank_blocks(q, bank, n_valid, 0, k, bank_block)
+  nblocks, block = _bank_blocks(q, bank, n_valid, 0, max(ks), bank_block)
   if nblocks == 1:
     vals, valid = block(0)
     return selection.grouped_order_stats(vals, ks, valid, sums)
-  return selection.group_order_stats(_local_candidates(q, bank, n_valid, 0, k, bank_block), ks,
-                                     sums)
+  return selection.group_order_stats(_merged_candidates(nblocks, block, max(ks)), ks, sums)
 
 
 def knn_order_stats(queries, bank, n_valid, *, ks: tuple[int, ...], query_block: int,

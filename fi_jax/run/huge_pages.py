@@ -52,6 +52,11 @@ def thp_mode(path: str = THP_ENABLED) -> Optional[str]:
   return text[start + 1:end] if 0 <= start < end else None
 
 
+def _hugetlb_values(tunables: str) -> list[str]:
+  """The values `glibc.malloc.hugetlb` is given in a GLIBC_TUNABLES string, in order."""
+  return [t.partition("=")[2] for t in tunables.split(":") if t.partition("=")[0] == TUNABLE]
+
+
 def tunables_with_huge_pages(environ: Mapping[str, str], *, platform: str,
                              glibc: Optional[tuple[int, int]], thp: Optional[str]
                              ) -> Optional[str]:
@@ -62,16 +67,21 @@ def tunables_with_huge_pages(environ: Mapping[str, str], *, platform: str,
   if not platform.startswith("linux") or glibc is None or glibc < (2, 35) or thp != "madvise":
     return None
   current = environ.get("GLIBC_TUNABLES", "")
-  if any(t.partition("=")[0] == TUNABLE for t in current.split(":")):
+  if _hugetlb_values(current):
     return None
   return ":".join(filter(None, [current, f"{TUNABLE}=1"]))
 
 
 def in_use(environ: Mapping[str, str] = os.environ) -> bool:
   """Whether this process's malloc was started with `glibc.malloc.hugetlb` on (1 or 2)."""
-  values = [t.partition("=")[2] for t in environ.get("GLIBC_TUNABLES", "").split(":")
-            if t.partition("=")[0] == TUNABLE]
+  values = _hugetlb_values(environ.get("GLIBC_TUNABLES", ""))
   return bool(values) and values[-1] not in ("", "0")
+
+
+def on_this_host(environ: Mapping[str, str]) -> Optional[str]:
+  """`tunables_with_huge_pages` for this process's platform, glibc and kernel."""
+  return tunables_with_huge_pages(environ, platform=sys.platform, glibc=glibc_version(),
+                                  thp=thp_mode())
 
 
 def reexec() -> None:
@@ -79,8 +89,7 @@ def reexec() -> None:
   says so (never returns then, unless the exec itself fails); otherwise return at once. Call
   it before any work: the process starts again from the beginning, with the same pid,
   arguments and environment."""
-  value = tunables_with_huge_pages(os.environ, platform=sys.platform, glibc=glibc_version(),
-                                   thp=thp_mode())
+  value = on_this_host(os.environ)
   argv = list(getattr(sys, "orig_argv", ()))
   if value is None or len(argv) < 2 or argv[1] == "-":   # no command line to start again
     return

@@ -50,9 +50,7 @@ def test_demo_writes_all_reports(quick_run):
   assert set(meta["timings_s"]) >= {"extract", "detectors", "metrics", "total"}
   assert "--xla_backend_optimization_level=1" in meta["xla_flags"]   # fi_jax.run.xla_flags on CPU
   # main.py restarted itself with huge pages for malloc where the host allows (run/huge_pages.py)
-  applies = huge_pages.tunables_with_huge_pages(
-      {}, platform=sys.platform, glibc=huge_pages.glibc_version(), thp=huge_pages.thp_mode())
-  if applies and not {"FI_JAX_HUGE_PAGES", "GLIBC_TUNABLES"} & set(os.environ):
+  if huge_pages.on_this_host({}) and not {"FI_JAX_HUGE_PAGES", "GLIBC_TUNABLES"} & set(os.environ):
     assert meta["glibc_tunables"] == "glibc.malloc.hugetlb=1"
   with open(os.path.join(workdir, "results.csv")) as f:
     lines = f.read().splitlines()
